@@ -13,6 +13,7 @@ using Clock = std::chrono::steady_clock;
 World::World(WorldOptions options) : options_(options) {
   CCFUSE_ARG_CHECK(options.world_size >= 1, "world_size ", options.world_size, " must be at least 1");
   CCFUSE_ARG_CHECK(options.watchdog_ms > 0, "watchdog_ms ", options.watchdog_ms, " must be positive");
+  barrier_arrived_.assign(size_t(options.world_size), 0);
 }
 
 void World::abort(int rank) {
@@ -32,7 +33,9 @@ void World::throw_if_aborted(int rank) const {
 void World::run(const std::function<void(int rank)>& fn) {
   const int w = world_size();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(w));
-  std::vector<bool> knock_on(static_cast<size_t>(w), false);
+  // NOTE: not std::vector<bool>: its elements share words, so two ranks setting their own entry
+  // would race.
+  std::vector<char> knock_on(static_cast<size_t>(w), 0);
   std::vector<std::thread> threads;
   threads.reserve(size_t(w));
   for (int r = 0; r < w; ++r) {
@@ -41,7 +44,7 @@ void World::run(const std::function<void(int rank)>& fn) {
         fn(r);
       } catch (const WorldAborted&) {
         errors[size_t(r)] = std::current_exception();
-        knock_on[size_t(r)] = true;
+        knock_on[size_t(r)] = 1;
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
         abort(r);
@@ -62,8 +65,10 @@ void World::barrier(int rank) {
   std::unique_lock<std::mutex> lock(barrier_mu_);
   throw_if_aborted(rank);
   const uint64_t gen = barrier_generation_;
+  barrier_arrived_[size_t(rank)] = 1;
   if (++barrier_count_ == world_size()) {
     barrier_count_ = 0;
+    barrier_arrived_.assign(barrier_arrived_.size(), 0);
     ++barrier_generation_;
     barrier_cv_.notify_all();
     return;
@@ -76,8 +81,12 @@ void World::barrier(int rank) {
     }
     if (barrier_cv_.wait_until(lock, deadline) == std::cv_status::timeout && barrier_generation_ == gen) {
       const int arrived = barrier_count_;
+      std::string missing;
+      for (int r = 0; r < world_size(); ++r)
+        if (!barrier_arrived_[size_t(r)]) missing += detail::str_cat(missing.empty() ? "" : ",", r);
       throw TimeoutError(detail::str_cat("rank ", rank, ": barrier timed out after ", options_.watchdog_ms,
-                                         " ms with ", arrived, " of ", world_size(), " ranks arrived"));
+                                         " ms with ", arrived, " of ", world_size(),
+                                         " ranks arrived (missing rank ", missing, ")"));
     }
   }
 }
@@ -97,15 +106,19 @@ epoch_t SignalArray::begin_call(int rank) {
 }
 
 void SignalArray::notify(int to_rank, int idx, epoch_t epoch) {
+  CCFUSE_CHECK(to_rank >= 0 && to_rank < world_.world_size(), "signal '", name_, "' rank ", to_rank, " out of range");
   CCFUSE_CHECK(idx >= 0 && idx < num_signals_, "signal '", name_, "' index ", idx, " out of range");
   flags_[size_t(to_rank) * size_t(num_signals_) + size_t(idx)].store(epoch, std::memory_order_release);
 }
 
 epoch_t SignalArray::load(int rank, int idx) const {
+  CCFUSE_CHECK(rank >= 0 && rank < world_.world_size() && idx >= 0 && idx < num_signals_, "signal '", name_,
+               "' rank ", rank, " index ", idx, " out of range");
   return flags_[size_t(rank) * size_t(num_signals_) + size_t(idx)].load(std::memory_order_acquire);
 }
 
 void SignalArray::wait(int rank, int idx, epoch_t epoch, int producer) {
+  CCFUSE_CHECK(rank >= 0 && rank < world_.world_size(), "signal '", name_, "' rank ", rank, " out of range");
   CCFUSE_CHECK(idx >= 0 && idx < num_signals_, "signal '", name_, "' index ", idx, " out of range");
   const auto& flag = flags_[size_t(rank) * size_t(num_signals_) + size_t(idx)];
   if (epoch_reached(flag.load(std::memory_order_acquire), epoch)) return;

@@ -68,6 +68,7 @@ class World {
   std::condition_variable barrier_cv_;
   int barrier_count_ = 0;
   uint64_t barrier_generation_ = 0;
+  std::vector<char> barrier_arrived_;  // [world]: who is in the current barrier (for the timeout message)
 };
 
 // A symmetric array of signals: every rank holds `num_signals` flags, and one epoch counter.

@@ -1,1 +1,494 @@
-// placeholder: being written
+// src/tool/cli.cpp: argument parsing, validation and dispatch of the `ccfuse` tool.
+//
+// Every rule a user can break is checked here, before any work starts, and reported as one
+// InvalidArgument line that names the argument and the rule (exit code 2). Errors that only show
+// while running (a watchdog timeout, a failed CUDA call) arrive as ccfuse::Error (exit code 3).
+#include "src/tool/cli.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <chrono>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <ostream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "ccfuse/common/error.h"
+
+#ifndef CCFUSE_VERSION
+#define CCFUSE_VERSION "unknown"
+#endif
+
+namespace ccfuse::tool {
+
+namespace {
+
+using detail::str_cat;
+
+// The CPU world runs one thread per rank; past this it measures the OS scheduler, not the op.
+constexpr int kMaxCpuWorldSize = 64;
+// Multiply-adds one CPU run may cost (the fp64 reference is a plain loop, ~1 GMAC/s): beyond it
+// a check takes minutes and looks like a hang.
+constexpr double kMaxCpuMacs = 68719476736.0;  // 2^36
+// Elements of A, B and C over all ranks: the check also keeps fp64 copies (~30 bytes each in
+// all), so this bounds a run near 4 GiB instead of failing mid-way on std::bad_alloc.
+constexpr double kMaxCpuElements = 134217728.0;  // 2^27
+// Bound of --watchdog-ms (a day): larger values would overflow the clock arithmetic of a deadline.
+constexpr int64_t kMaxWatchdogMs = 86400000;
+
+bool is_k_split(const std::string& op) { return op == "gemm_rs" || op == "gemm_ar"; }
+
+// One option of check/bench.
+struct OptionSpec {
+  const char* name;
+  bool bench_only;
+};
+
+const OptionSpec kOptionSpecs[] = {
+    {"--op", false},          {"--world-size", false}, {"--m", false},           {"--n", false},
+    {"--k", false},           {"--dtype", false},      {"--backend", false},     {"--seed", false},
+    {"--watchdog-ms", false}, {"--block-m", false},    {"--block-n", false},     {"--iters", true},
+    {"--warmup", true},       {"--json", true},        {"--print-config", false}, {"--inject-fault", false},
+};
+
+bool takes_value(const std::string& name) { return name != "--print-config" && name != "--inject-fault"; }
+
+const OptionSpec* find_spec(const std::string& name) {
+  for (const auto& spec : kOptionSpecs)
+    if (name == spec.name) return &spec;
+  return nullptr;
+}
+
+// Digits with an optional sign, nothing else (no spaces, no "1e3", no "0x10").
+bool looks_like_integer(const std::string& text) {
+  size_t i = (!text.empty() && (text[0] == '-' || text[0] == '+')) ? 1 : 0;
+  if (i == text.size()) return false;
+  for (; i < text.size(); ++i)
+    if (text[i] < '0' || text[i] > '9') return false;
+  return true;
+}
+
+// Parses a signed integer in [lo, hi]; `rule` completes "NAME VALUE <rule>" when it is below lo.
+int64_t parse_int(const std::string& name, const std::string& text, int64_t lo, int64_t hi,
+                  const char* rule) {
+  CCFUSE_ARG_CHECK(looks_like_integer(text), name, " ", text, " is not an integer");
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  const bool overflow = errno == ERANGE;
+  CCFUSE_ARG_CHECK(!(overflow && text[0] == '-') && (overflow || v >= lo), name, " ", text, " ", rule);
+  CCFUSE_ARG_CHECK(!overflow && v <= hi, name, " ", text, " is out of range (at most ", hi, ")");
+  return int64_t(v);
+}
+
+uint64_t parse_seed(const std::string& text) {
+  CCFUSE_ARG_CHECK(looks_like_integer(text), "--seed ", text, " is not an integer");
+  CCFUSE_ARG_CHECK(text[0] != '-', "--seed ", text, " must be a non-negative integer");
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+  CCFUSE_ARG_CHECK(errno != ERANGE, "--seed ", text, " is out of range (at most ",
+                   std::numeric_limits<uint64_t>::max(), ")");
+  return uint64_t(v);
+}
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+
+void set_option(Options& o, const std::string& name, const std::string& value) {
+  if (name == "--op") {
+    bool known = false;
+    for (const auto& op : known_ops()) known = known || op == value;
+    if (!known) {
+      std::string list;
+      for (const auto& op : known_ops()) list += (list.empty() ? "" : ", ") + op;
+      throw InvalidArgument(str_cat("unknown op '", value, "' (known: ", list, ")"));
+    }
+    o.op = value;
+  } else if (name == "--world-size") {
+    o.world_size = int(parse_int(name, value, 1, kIntMax, "must be at least 1"));
+  } else if (name == "--m") {
+    o.m = parse_int(name, value, 1, kI64Max, "must be a positive integer");
+  } else if (name == "--n") {
+    o.n = parse_int(name, value, 1, kI64Max, "must be a positive integer");
+  } else if (name == "--k") {
+    o.k = parse_int(name, value, 1, kI64Max, "must be a positive integer");
+  } else if (name == "--dtype") {
+    if (value == "fp32") {
+      o.dtype = DType::kFloat32;
+    } else if (value == "bf16") {
+      o.dtype = DType::kBFloat16;
+    } else {
+      throw InvalidArgument(str_cat("--dtype ", value, " is not supported (fp32, bf16)"));
+    }
+  } else if (name == "--backend") {
+    if (value == "auto") {
+      o.backend = Backend::kAuto;
+    } else if (value == "cpu") {
+      o.backend = Backend::kCpu;
+    } else if (value == "gpu") {
+      o.backend = Backend::kGpu;
+    } else {
+      throw InvalidArgument(str_cat("--backend ", value, " is not supported (auto, cpu, gpu)"));
+    }
+  } else if (name == "--seed") {
+    o.seed = parse_seed(value);
+  } else if (name == "--iters") {
+    o.iters = int(parse_int(name, value, 1, kIntMax, "must be at least 1"));
+  } else if (name == "--warmup") {
+    o.warmup = int(parse_int(name, value, 0, kIntMax, "must be at least 0"));
+  } else if (name == "--json") {
+    o.json_path = value;
+  } else if (name == "--watchdog-ms") {
+    o.watchdog_ms = parse_int(name, value, 1, kMaxWatchdogMs, "must be a positive integer");
+  } else if (name == "--block-m") {
+    o.block_m = int(parse_int(name, value, 1, 1 << 16, "must be a positive integer"));
+  } else if (name == "--block-n") {
+    o.block_n = int(parse_int(name, value, 1, 1 << 16, "must be a positive integer"));
+  } else if (name == "--print-config") {
+    o.print_config = true;
+  } else if (name == "--inject-fault") {
+    o.inject_fault = true;
+  }
+}
+
+// The rules between the sizes and the world size. `defaulted` words the message for a world
+// size the user did not give, so that they know which option to set.
+void check_shape(const Options& o, bool defaulted) {
+  const std::string w = defaulted ? str_cat("the default --world-size ", o.world_size)
+                                  : str_cat("--world-size ", o.world_size);
+  CCFUSE_ARG_CHECK(o.m % o.world_size == 0, "--m ", o.m, " is not divisible by ", w);
+  if (is_k_split(o.op))
+    CCFUSE_ARG_CHECK(o.k % o.world_size == 0, "--k ", o.k, " is not divisible by ", w, " (", o.op,
+                     " splits K across ranks)");
+}
+
+// Multiply-adds of one run on the CPU world plus its fp64 reference: ag_gemm does the full
+// [M, N, K] product on every rank; gemm_rs/gemm_ar do it once in total (K split across ranks).
+double cpu_macs(const Options& o) {
+  const double mnk = double(o.m) * double(o.n) * double(o.k);
+  return is_k_split(o.op) ? mnk : mnk * double(o.world_size);
+}
+
+// A, B and C elements of all ranks (see kMaxCpuElements).
+double cpu_elements(const Options& o) {
+  const double m = double(o.m), n = double(o.n), k = double(o.k), w = double(o.world_size);
+  if (o.op == "ag_gemm") return m * k + w * k * n + w * m * n;  // A sharded, B and C per rank
+  if (o.op == "gemm_rs") return m * k + k * n + m * n;          // everything split W ways
+  return m * k + k * n + w * m * n;                             // gemm_ar: C whole on every rank
+}
+
+std::string gpus_phrase(int n) { return str_cat(n, n == 1 ? " GPU" : " GPUs"); }
+
+uint64_t fresh_seed() {
+  // random_device alone may be deterministic on some platforms; the clock breaks the tie.
+  std::random_device rd;
+  const uint64_t hi = uint64_t(rd()) << 32 | uint64_t(rd());
+  const uint64_t t = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  return hi ^ (t * 0x9E3779B97F4A7C15ull);
+}
+
+// argv joined back into one line for the JSON "command" field, quoting what a shell would split.
+std::string command_line(int argc, const char* const* argv) {
+  std::string s = "ccfuse";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i] ? argv[i] : "";
+    bool plain = !a.empty();
+    for (char c : a)
+      plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_=.,/:+@%", c));
+    if (plain) {
+      s += " " + a;
+    } else {
+      std::string q = "'";
+      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      s += " " + q + "'";
+    }
+  }
+  return s;
+}
+
+// One line on the terminal, whatever the message holds (a CCFUSE_CHECK message could carry a
+// newline from a formatted value).
+std::string one_line(const char* what) {
+  std::string s = what ? what : "";
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& known_ops() {
+  static const std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar"};
+  return ops;
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kCpu: return "cpu";
+    case Backend::kGpu: return "gpu";
+  }
+  return "?";
+}
+
+int64_t local_k(const Options& options) {
+  return is_k_split(options.op) && options.world_size > 0 ? options.k / options.world_size : options.k;
+}
+
+Options parse_args(int argc, const char* const* argv) {
+  Options o;
+  CCFUSE_ARG_CHECK(argc >= 2 && argv && argv[1], "no command given (try 'ccfuse --help')");
+  const std::string cmd = argv[1];
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    o.command = Command::kHelp;
+    return o;
+  }
+  if (cmd == "version" || cmd == "--version") {
+    o.command = Command::kVersion;
+    return o;
+  }
+  if (cmd == "check") {
+    o.command = Command::kCheck;
+  } else if (cmd == "bench") {
+    o.command = Command::kBench;
+  } else if (cmd.rfind("--", 0) == 0 && find_spec(cmd.substr(0, cmd.find('='))) != nullptr) {
+    throw InvalidArgument(str_cat("no command given before '", cmd, "' (check or bench)"));
+  } else {
+    throw InvalidArgument(str_cat("unknown command '", cmd, "' (known: check, bench, help)"));
+  }
+
+  std::set<std::string> seen;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i] ? argv[i] : "";
+    if (arg == "--help" || arg == "-h") {
+      o.command = Command::kHelp;
+      return o;
+    }
+    CCFUSE_ARG_CHECK(arg.rfind("--", 0) == 0, "unexpected argument '", arg, "' (options start with --)");
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const OptionSpec* spec = find_spec(name);
+    CCFUSE_ARG_CHECK(spec != nullptr, "unknown option '", name, "'");
+    CCFUSE_ARG_CHECK(!spec->bench_only || o.command == Command::kBench, name, " applies to bench only");
+    CCFUSE_ARG_CHECK(seen.insert(name).second, name, " is given more than once");
+    std::string value;
+    if (!takes_value(name)) {
+      CCFUSE_ARG_CHECK(eq == std::string::npos, name, " takes no value");
+    } else if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      CCFUSE_ARG_CHECK(!value.empty(), name, " needs a value");
+    } else {
+      // A following option is a forgotten value, not the value ("--m --n 8"); negative numbers
+      // ("-5") still reach the range check, which names the rule.
+      CCFUSE_ARG_CHECK(i + 1 < argc && argv[i + 1] && std::string(argv[i + 1]).rfind("--", 0) != 0 &&
+                           argv[i + 1][0] != '\0',
+                       name, " needs a value");
+      value = argv[++i];
+    }
+    set_option(o, name, value);
+  }
+
+  CCFUSE_ARG_CHECK(!o.op.empty(), "--op is required");
+  CCFUSE_ARG_CHECK(o.m > 0, "--m is required");
+  CCFUSE_ARG_CHECK(o.n > 0, "--n is required");
+  CCFUSE_ARG_CHECK(o.k > 0, "--k is required");
+  if (o.world_size > 0) check_shape(o, /*defaulted=*/false);
+  return o;
+}
+
+std::string resolve(Options& o, int num_gpus) {
+  if (o.command != Command::kCheck && o.command != Command::kBench) return "";
+  if (num_gpus < 0) num_gpus = 0;
+  std::string notice;
+  if (o.backend == Backend::kAuto) {
+    if (num_gpus >= 2) {
+      o.backend = Backend::kGpu;
+    } else {
+      // One GPU cannot show communication overlap; the CPU world at least runs the protocol.
+      o.backend = Backend::kCpu;
+      notice = str_cat("ccfuse: ", gpus_phrase(num_gpus),
+                       " found: running on the CPU reference world (--backend cpu)");
+    }
+  }
+  const bool defaulted = o.world_size == 0;
+  if (o.backend == Backend::kGpu) {
+    CCFUSE_ARG_CHECK(num_gpus >= 1, "--backend gpu needs at least 1 GPU; none found");
+    if (defaulted) o.world_size = num_gpus;
+    CCFUSE_ARG_CHECK(o.world_size <= num_gpus, "--world-size ", o.world_size, " is larger than the ",
+                     gpus_phrase(num_gpus), " present (--backend gpu)");
+  } else {
+    if (defaulted) o.world_size = 2;
+    CCFUSE_ARG_CHECK(o.world_size <= kMaxCpuWorldSize, "--world-size ", o.world_size,
+                     " is larger than the ", kMaxCpuWorldSize,
+                     " ranks the CPU reference world runs (--backend cpu)");
+  }
+  check_shape(o, defaulted);
+  if (o.backend == Backend::kCpu)
+    CCFUSE_ARG_CHECK(cpu_macs(o) <= kMaxCpuMacs && cpu_elements(o) <= kMaxCpuElements, "--m ", o.m,
+                     " --n ", o.n, " --k ", o.k, " is too large for the CPU reference world at --world-size ",
+                     o.world_size, " (limits: 2^36 multiply-adds, 2^27 matrix elements; use smaller sizes "
+                     "or --backend gpu)");
+  return notice;
+}
+
+std::string usage() {
+  return R"(ccfuse: fused computation + communication kernels; check and time one op.
+
+usage:
+  ccfuse check --op OP --m M --n N --k K [--world-size W] [--dtype fp32|bf16]
+               [--backend auto|cpu|gpu] [--seed S]
+  ccfuse bench --op OP --m M --n N --k K [...check options] [--iters N] [--warmup N] [--json FILE]
+  ccfuse help | --help          this text
+  ccfuse --version              the version
+
+commands:
+  check   runs OP once on fresh random inputs and compares it with an fp64 reference;
+          the last line is PASS or FAIL with the op, shape, seed, rel_err and tolerance
+          (tolerance on ||out - ref|| / ||ref||: 1e-6 fp32, 1e-2 bf16)
+  bench   times OP (median of --iters runs after --warmup runs) against its parts and prints
+          t_fused, t_serial, t_gemm, t_comm, t_limit = max(t_gemm, t_comm), t_peer,
+          speedup = t_serial / t_fused, overlap efficiency = (t_serial - t_fused) / (t_serial - t_limit)
+          and rel_err; --json FILE appends one JSON Lines record (bench/results format)
+
+ops (W = world size, r = rank; --m is the global M and --k the global K):
+  ag_gemm   A_r [M/W, K], B_r [K, N] -> C_r = AllGather_rows(A) @ B_r [M, N]
+  gemm_rs   A_r [M, K/W], B_r [K/W, N] -> rows [r*M/W, (r+1)*M/W) of sum_r A_r @ B_r
+  gemm_ar   as gemm_rs -> all of sum_r A_r @ B_r [M, N]
+  W must divide M; for gemm_rs and gemm_ar W must also divide K (each rank holds K/W).
+
+options:
+  --op OP            ag_gemm | gemm_rs | gemm_ar (required)
+  --m, --n, --k      problem sizes, positive integers (required)
+  --world-size W     ranks (default: the GPUs present for gpu, 2 for cpu)
+  --dtype D          bf16 (default) | fp32
+  --backend B        auto (default: gpu with 2 or more GPUs, else cpu) | cpu | gpu
+  --seed S           input seed, a non-negative integer (default: fresh; always printed)
+  --watchdog-ms T    bound of every wait on another rank (default 5000)
+  --block-m, --block-n  tile shape of the CPU reference world (default 64 x 64)
+  --print-config     print the resolved options (key=value lines) before running
+  --iters N          bench: timed runs, median reported (default 20)
+  --warmup N         bench: untimed runs first (default 3)
+  --json FILE        bench: append the record to FILE (JSON Lines)
+  options also take the form --name=value
+
+exit codes: 0 pass (or bench done), 1 wrong answer, 2 bad input, 3 runtime error
+environment: CCFUSE_COMMIT overrides the commit recorded by --json (default: git rev-parse)
+)";
+}
+
+std::string format_config(const Options& o) {
+  std::ostringstream os;
+  os << "command=" << (o.command == Command::kBench ? "bench" : "check") << "\n"
+     << "op=" << o.op << "\n"
+     << "backend=" << backend_name(o.backend) << "\n"
+     << "world_size=" << o.world_size << "\n"
+     << "m=" << o.m << "\n"
+     << "n=" << o.n << "\n"
+     << "k=" << o.k << "\n"
+     << "k_per_rank=" << local_k(o) << "\n"
+     << "dtype=" << dtype_name(o.dtype) << "\n"
+     << "seed=" << (o.seed ? std::to_string(*o.seed) : std::string("fresh")) << "\n"
+     << "watchdog_ms=" << o.watchdog_ms << "\n"
+     << "block_m=" << o.block_m << "\n"
+     << "block_n=" << o.block_n << "\n";
+  if (o.command == Command::kBench)
+    os << "iters=" << o.iters << "\n"
+       << "warmup=" << o.warmup << "\n"
+       << "json=" << o.json_path << "\n";
+  return os.str();
+}
+
+int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                  const GpuHooks& gpu) {
+  // Everything is caught here: the tool reports and returns a code, it never aborts.
+  try {
+    Options o = parse_args(argc, argv);
+    if (o.command == Command::kHelp) {
+      out << usage();
+      return 0;
+    }
+    if (o.command == Command::kVersion) {
+      out << "ccfuse " << CCFUSE_VERSION << "\n";
+      return 0;
+    }
+    // An explicit CPU run never asks the GPU side: counting GPUs initialises CUDA (slow, and it
+    // can fail on a broken driver, which should not stop a CPU check).
+    const int num_gpus = o.backend != Backend::kCpu && gpu.count_gpus ? gpu.count_gpus() : 0;
+    const std::string notice = resolve(o, num_gpus);
+    const bool on_gpu = o.backend == Backend::kGpu;
+    CCFUSE_CHECK(!on_gpu || (gpu.check && gpu.bench), "no GPU backend linked");
+
+    // Opened before the (possibly long) run, so that a bad path is bad input, not lost work.
+    std::ofstream json;
+    if (o.command == Command::kBench && !o.json_path.empty()) {
+      json.open(o.json_path, std::ios::app);
+      CCFUSE_ARG_CHECK(json.is_open(), "--json ", o.json_path, " cannot be opened for appending: ",
+                       std::strerror(errno));
+    }
+    if (!notice.empty()) err << notice << "\n";
+    if (!o.seed) o.seed = fresh_seed();
+    if (o.print_config) out << format_config(o) << std::flush;
+
+    if (o.command == Command::kCheck) {
+      const CheckResult r = on_gpu ? gpu.check(o, err) : cpu_check(o, err);
+      out << check_line(o, r) << "\n" << std::flush;
+      return r.pass ? 0 : 1;
+    }
+
+    BenchRecord rec = on_gpu ? gpu.bench(o, err) : cpu_bench(o, err);
+    // The tool knows these better than any backend; the backend names the hardware (gpu).
+    rec.op = o.op;
+    rec.world_size = o.world_size;
+    rec.m = o.m;
+    rec.n = o.n;
+    rec.k = o.k;
+    rec.dtype = dtype_name(o.dtype);
+    rec.backend = backend_name(o.backend);
+    rec.command = command_line(argc, argv);
+    if (rec.gpu.empty()) rec.gpu = "unknown";
+    if (rec.commit.empty()) rec.commit = current_commit();
+    if (rec.date.empty()) rec.date = iso_utc_now();
+    out << format_bench_table(rec);
+
+    // A timing of a wrong answer is not a result: report it and keep it out of the records.
+    // A negative rel_err means the backend did not check (recorded as null), not a failure.
+    const double tol = tolerance_for(o.dtype);
+    const CheckResult r{!std::isnan(rec.rel_err) && rec.rel_err <= tol, rec.rel_err, tol};
+    if (!r.pass) {
+      out << check_line(o, r) << " (bench result not recorded)\n" << std::flush;
+      return 1;
+    }
+    if (json.is_open()) {
+      json << to_json_line(rec) << "\n";
+      json.flush();
+      CCFUSE_CHECK(json.good(), "writing --json ", o.json_path, " failed");
+      out << "appended 1 record to " << o.json_path << "\n";
+    }
+    out << std::flush;
+    return 0;
+  } catch (const InvalidArgument& e) {
+    err << "ccfuse: error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const Error& e) {
+    err << "ccfuse: error: " << one_line(e.what()) << "\n";
+    return 3;
+  } catch (const std::bad_alloc&) {
+    err << "ccfuse: error: out of memory (try smaller --m/--n/--k)\n";
+    return 3;
+  } catch (const std::exception& e) {
+    err << "ccfuse: internal error: " << one_line(e.what()) << "\n";
+    return 3;
+  } catch (...) {
+    err << "ccfuse: internal error: unknown exception\n";
+    return 3;
+  }
+}
+
+}  // namespace ccfuse::tool

@@ -35,6 +35,9 @@ struct Options {
   int64_t watchdog_ms = 5000;     // bound of every remote wait
   int block_m = 64, block_n = 64; // CPU world tile shape
   bool print_config = false;
+  // Hidden (not in --help): corrupt one output element before the comparison, so that tests can
+  // prove the checker fails when the answer is wrong.
+  bool inject_fault = false;
 };
 
 // Ops the tool knows.
@@ -50,7 +53,8 @@ Options parse_args(int argc, const char* const* argv);
 std::string resolve(Options& options, int num_gpus);
 
 // Runs the tool; returns the exit code. All output goes to out/err. main() is a thin wrapper.
-int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+// (Defined inline below, after GpuHooks.)
+inline int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
 // One result line of `check`, ready to print (last line of output).
 struct CheckResult {
@@ -76,5 +80,61 @@ BenchRecord cpu_bench(const Options& options, std::ostream& log);
 int count_gpus();  // 0 without CUDA or without devices
 CheckResult gpu_check(const Options& options, std::ostream& log);
 BenchRecord gpu_bench(const Options& options, std::ostream& log);
+
+// The GPU side of the tool as three entry points. run_tool() passes the real ones (gpu_backend.cu,
+// or gpu_stub.cpp without CUDA); tests pass fakes to drive the backend selection on a host
+// without GPUs.
+struct GpuHooks {
+  int (*count_gpus)() = nullptr;
+  CheckResult (*check)(const Options&, std::ostream&) = nullptr;
+  BenchRecord (*bench)(const Options&, std::ostream&) = nullptr;
+};
+int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+                  const GpuHooks& gpu);
+
+// NOTE: defined inline so that the reference to count_gpus/gpu_check/gpu_bench sits in the
+// caller's object file (main, tests). They live in the `ccfuse` library, which links before
+// `ccfuse_core`; a reference from cli.cpp (inside ccfuse_core) would come after the linker had
+// already passed that library and stay unresolved.
+inline int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  return run_tool_with(argc, argv, out, err, GpuHooks{&count_gpus, &gpu_check, &gpu_bench});
+}
+
+// ---- helpers shared by the backends and the tests --------------------------------------------
+
+// Usage text of --help.
+std::string usage();
+// The resolved options, one key=value per line (--print-config).
+std::string format_config(const Options& options);
+const char* backend_name(Backend b);  // "auto" | "cpu" | "gpu"
+
+// ‖out − ref‖/‖ref‖ bound of `check`: 1e-6 for fp32, 1e-2 for bf16 (DESIGN §4 rule 6).
+double tolerance_for(DType dtype);
+// The last line of `check`: "PASS op=... backend=... world_size=... m=... n=... k=... dtype=...
+// seed=... rel_err=... tol=..." (or FAIL with the same fields).
+std::string check_line(const Options& options, const CheckResult& result);
+
+// Per-rank reduction length: --k is the global K; gemm_rs/gemm_ar split it across the ranks.
+int64_t local_k(const Options& options);
+
+// Deterministic inputs: values uniform in [-1, 1) from std::mt19937_64 seeded by (seed, rank,
+// which) through std::seed_seq, both fully specified by the standard, so the same seed gives the
+// same inputs on every platform and backend. `which` names the tensor (0 = A, 1 = B).
+void fill_uniform(uint64_t seed, int rank, int which, float* out, size_t count);
+
+// speedup = t_serial / t_fused, or -1 (= null) when a time is missing.
+double speedup_of(const BenchRecord& r);
+// overlap efficiency = (t_serial − t_fused) / (t_serial − t_limit); it may be negative (fused
+// slower than serial), so "undefined" (a time missing, t_serial <= t_limit) is NaN (= null).
+double overlap_eff_of(const BenchRecord& r);
+// The human-readable bench table (DESIGN §5 metrics).
+std::string format_bench_table(const BenchRecord& r);
+
+// JSON string literal (quotes included) with ", \\ and control characters escaped.
+std::string json_quote(const std::string& s);
+// Now as ISO 8601 UTC, e.g. "2025-06-01T12:34:56Z".
+std::string iso_utc_now();
+// $CCFUSE_COMMIT if set, else `git rev-parse --short HEAD` run now, else "unknown".
+std::string current_commit();
 
 }  // namespace ccfuse::tool

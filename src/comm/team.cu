@@ -1,0 +1,268 @@
+// Team: NCCL communicator, symmetric buffers, device communicator, watchdog record.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "ccfuse/comm/team.h"
+#include "ccfuse/common/cuda_check.h"
+
+namespace ccfuse::comm {
+
+namespace {
+
+// ncclGetLsaPointer is device code; peers' addresses are resolved once per buffer by a kernel.
+__global__ void resolve_lsa_pointers(ncclWindow_t window, int num_peers, void** out) {
+  for (int p = threadIdx.x; p < num_peers; p += blockDim.x) out[p] = ncclGetLsaPointer(window, 0, p);
+}
+
+int64_t watchdog_ms_from(const TeamOptions& options) {
+  if (options.watchdog_ms > 0) return options.watchdog_ms;
+  if (const char* env = std::getenv("CCFUSE_WATCHDOG_MS")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    CCFUSE_ARG_CHECK(end != env && *end == '\0' && v > 0, "CCFUSE_WATCHDOG_MS='", env,
+                     "' must be a positive integer (milliseconds)");
+    return v;
+  }
+  return 5000;
+}
+
+}  // namespace
+
+void check_nccl_version() {
+  int loaded = 0;
+  CCFUSE_NCCL_CHECK(ncclGetVersion(&loaded));
+  const int built = NCCL_VERSION_CODE;
+  // Version codes are MAJOR*10000 + MINOR*100 + PATCH since 2.9.
+  const bool same_minor = loaded / 100 == built / 100;
+  const char* allow = std::getenv("CCFUSE_ALLOW_NCCL_MISMATCH");
+  if (!same_minor && !(allow && std::string(allow) == "1")) {
+    throw Error(detail::str_cat("ccfuse was built against NCCL ", built, " but NCCL ", loaded,
+                                " is loaded; the NCCL device API has no ABI promise across releases: "
+                                "put the matching libnccl.so.2 first on LD_LIBRARY_PATH "
+                                "(or set CCFUSE_ALLOW_NCCL_MISMATCH=1 at your own risk)"));
+  }
+}
+
+std::unique_ptr<Team> Team::create(const ncclUniqueId& id, int rank, int world_size, int device,
+                                   TeamOptions options) {
+  CCFUSE_ARG_CHECK(world_size >= 1, "world_size ", world_size, " must be at least 1");
+  CCFUSE_ARG_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " must be in [0, ", world_size, ")");
+  int num_devices = 0;
+  CCFUSE_CUDA_CHECK(cudaGetDeviceCount(&num_devices));
+  CCFUSE_ARG_CHECK(device >= 0 && device < num_devices, "device ", device, " must be in [0, ", num_devices,
+                   ") (CUDA devices present)");
+  check_nccl_version();
+  CCFUSE_CUDA_CHECK(cudaSetDevice(device));
+  ncclComm_t comm = nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  CCFUSE_NCCL_CHECK(ncclCommInitRankConfig(&comm, world_size, id, rank, &config));
+  std::unique_ptr<Team> team(new Team());
+  team->init(comm, /*owns_comm=*/true, options);
+  return team;
+}
+
+std::unique_ptr<Team> Team::from_env(TeamOptions options) {
+  const LaunchEnv env = read_launch_env();
+  int num_devices = 0;
+  CCFUSE_CUDA_CHECK(cudaGetDeviceCount(&num_devices));
+  CCFUSE_ARG_CHECK(env.local_rank < num_devices, "LOCAL_RANK ", env.local_rank, " has no GPU: ", num_devices,
+                   " CUDA devices present");
+  ncclUniqueId id{};
+  std::string blob;
+  if (env.rank == 0) {
+    CCFUSE_NCCL_CHECK(ncclGetUniqueId(&id));
+    blob.assign(reinterpret_cast<const char*>(&id), sizeof(id));
+  }
+  blob = broadcast_blob_tcp(env.rank, env.world_size, env.master_addr, env.port, blob,
+                            /*timeout_ms=*/std::max<int64_t>(60000, watchdog_ms_from(options)));
+  CCFUSE_CHECK(blob.size() == sizeof(id), "bootstrap returned ", blob.size(), " bytes, want ", sizeof(id));
+  std::memcpy(&id, blob.data(), sizeof(id));
+  return create(id, env.rank, env.world_size, env.local_rank, options);
+}
+
+std::unique_ptr<Team> Team::from_comm(ncclComm_t comm, TeamOptions options) {
+  CCFUSE_ARG_CHECK(comm != nullptr, "comm must be a valid ncclComm_t, got null");
+  check_nccl_version();
+  int device = 0;
+  CCFUSE_NCCL_CHECK(ncclCommCuDevice(comm, &device));
+  CCFUSE_CUDA_CHECK(cudaSetDevice(device));
+  std::unique_ptr<Team> team(new Team());
+  team->init(comm, /*owns_comm=*/false, options);
+  return team;
+}
+
+void Team::init(ncclComm_t comm, bool owns_comm, TeamOptions options) {
+  comm_ = comm;
+  owns_comm_ = owns_comm;
+  watchdog_ms_ = watchdog_ms_from(options);
+  CCFUSE_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
+  CCFUSE_NCCL_CHECK(ncclCommCount(comm, &world_size_));
+  CCFUSE_NCCL_CHECK(ncclCommCuDevice(comm, &device_));
+  CCFUSE_ARG_CHECK(world_size_ <= kMaxLsaRanks, "world size ", world_size_, " exceeds the ", kMaxLsaRanks,
+                   " ranks one NVLink domain may have in ccfuse");
+
+  // The device communicator. NOTE: never lsaMultimem (NVLink multicast can take shared GPUs down).
+  ncclDevCommRequirements reqs;
+  std::memset(&reqs, 0, sizeof(reqs));  // 2.28 has no initializer macro
+  reqs.lsaBarrierCount = 1;
+  reqs.lsaMultimem = false;
+  const ncclResult_t res = ncclDevCommCreate(comm, &reqs, &dev_comm_);
+  if (res != ncclSuccess)
+    throw Error(detail::str_cat("ncclDevCommCreate failed (", ncclGetErrorString(res),
+                                "): ccfuse needs NCCL symmetric memory: CUDA P2P between all local GPUs and "
+                                "cuMem (NCCL_CUMEM_ENABLE must not be 0)"));
+  has_dev_comm_ = true;
+  CCFUSE_ARG_CHECK(dev_comm_.lsaSize == world_size_ && dev_comm_.lsaRank == rank_,
+                   "every rank of a ccfuse Team must share one NVLink (LSA) domain: this rank sees lsaSize ",
+                   dev_comm_.lsaSize, " of ", world_size_, " ranks (multi-node GIN is not supported yet)");
+
+  CCFUSE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&watchdog_), sizeof(WatchdogRecord), cudaHostAllocMapped));
+  std::memset(watchdog_, 0, sizeof(WatchdogRecord));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&watchdog_claim_, sizeof(int32_t)));
+  CCFUSE_CUDA_CHECK(cudaMemset(watchdog_claim_, 0, sizeof(int32_t)));
+  team_barrier_ = make_signals("team.barrier", 0);
+}
+
+Team::~Team() {
+  // Members that free symmetric memory go first: they deregister windows on this communicator.
+  try {
+    team_barrier_.reset();
+    if (has_dev_comm_) ncclDevCommDestroy(comm_, &dev_comm_);
+    if (owns_comm_ && comm_) {
+      ncclCommFinalize(comm_);
+      ncclCommDestroy(comm_);
+    }
+  } catch (...) {
+    // NOTE: destructors never throw; a failure here leaks, it does not crash.
+  }
+  if (watchdog_) cudaFreeHost(watchdog_);
+  if (watchdog_claim_) cudaFree(watchdog_claim_);
+}
+
+std::unique_ptr<SymmetricBuffer> Team::alloc_symmetric(size_t bytes) {
+  CCFUSE_ARG_CHECK(bytes > 0, "symmetric buffer size must be positive, got ", bytes, " bytes");
+  CCFUSE_CUDA_CHECK(cudaSetDevice(device_));
+  std::unique_ptr<SymmetricBuffer> buf(new SymmetricBuffer());
+  buf->team_ = this;
+  buf->rank_ = rank_;
+  // Window offsets must be 4 KiB aligned; ncclMemAlloc hands out whole granules anyway.
+  buf->bytes_ = size_t(round_up(int64_t(bytes), NCCL_WIN_REQUIRED_ALIGNMENT));
+  CCFUSE_NCCL_CHECK(ncclMemAlloc(&buf->local_, buf->bytes_));
+  CCFUSE_CUDA_CHECK(cudaMemset(buf->local_, 0, buf->bytes_));
+  CCFUSE_NCCL_CHECK(ncclCommWindowRegister(comm_, buf->local_, buf->bytes_, &buf->window_, NCCL_WIN_COLL_SYMMETRIC));
+  CCFUSE_CHECK(buf->window_ != nullptr, "ncclCommWindowRegister returned no window: symmetric memory is off");
+
+  void** d_peers = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&d_peers, sizeof(void*) * size_t(world_size_)));
+  resolve_lsa_pointers<<<1, 32>>>(buf->window_, world_size_, d_peers);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  buf->peers_.resize(size_t(world_size_));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(buf->peers_.data(), d_peers, sizeof(void*) * size_t(world_size_), cudaMemcpyDeviceToHost));
+  CCFUSE_CUDA_CHECK(cudaFree(d_peers));
+  // NOTE: NCCL maps every rank's memory, the own one too, into one flat VA range, so the LSA
+  // pointer of the own rank is a second mapping of local_. Use local_ for the own rank.
+  buf->peers_[size_t(rank_)] = buf->local_;
+  // Everyone's zeroed memory must be in place before anyone signals into it.
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  buffers_.push_back(buf.get());
+  return buf;
+}
+
+SymmetricBuffer::~SymmetricBuffer() {
+  if (!team_) return;
+  auto& list = team_->buffers_;
+  list.erase(std::remove(list.begin(), list.end(), this), list.end());
+  cudaSetDevice(team_->device_);
+  if (window_) ncclCommWindowDeregister(team_->comm_, window_);
+  if (local_) ncclMemFree(local_);
+}
+
+void* SymmetricBuffer::peer(int r) const {
+  CCFUSE_ARG_CHECK(r >= 0 && r < int(peers_.size()), "peer rank ", r, " must be in [0, ", peers_.size(), ")");
+  return peers_[size_t(r)];
+}
+
+void Team::require_symmetric(const void* ptr, size_t bytes, const char* what) const {
+  const char* p = static_cast<const char*>(ptr);
+  for (const SymmetricBuffer* b : buffers_) {
+    const char* base = static_cast<const char*>(b->local());
+    if (p >= base && p + bytes <= base + b->bytes()) return;
+  }
+  throw InvalidArgument(detail::str_cat(what, " (", ptr, ", ", bytes,
+                                        " bytes) is not inside a symmetric buffer of this Team: "
+                                        "allocate it with Team::alloc_symmetric"));
+}
+
+void Team::check_watchdog() const {
+  const volatile WatchdogRecord* rec = watchdog_;
+  if (rec->fired != 1) return;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const int set_id = rec->set_id;
+  const std::string set_name =
+      set_id >= 0 && set_id < int(set_names_.size()) ? set_names_[size_t(set_id)] : std::string("?");
+  const double waited_ms = double(rec->waited_ns) / 1e6;
+  // Slots past a set's user signals are its entry barrier (one slot per rank).
+  const bool is_barrier = set_id >= 0 && set_id < int(set_sizes_.size()) && rec->index >= set_sizes_[size_t(set_id)];
+  const std::string signal =
+      is_barrier ? detail::str_cat("entry barrier of '", set_name, "'")
+                 : detail::str_cat("signal '", set_name, "'[", rec->index, "]");
+  const std::string what =
+      detail::str_cat("rank ", rec->rank, ": timed out after ", waited_ms, " ms (bound ", watchdog_ms_,
+                      " ms) waiting for ", signal, " from rank ", rec->producer, " (want epoch ", rec->want,
+                      ", have ", rec->have, ")");
+  throw TimeoutError(what);
+}
+
+void Team::reset_watchdog() {
+  CCFUSE_CUDA_CHECK(cudaSetDevice(device_));
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::memset(watchdog_, 0, sizeof(WatchdogRecord));
+  CCFUSE_CUDA_CHECK(cudaMemset(watchdog_claim_, 0, sizeof(int32_t)));
+}
+
+void Team::synchronize(cudaStream_t stream) const {
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  CCFUSE_CUDA_CHECK(cudaGetLastError());
+  check_watchdog();
+}
+
+void Team::barrier(cudaStream_t stream) { team_barrier_->begin_call(stream); }
+
+void run_local_world(const std::vector<int>& devices, const std::function<void(Team&)>& fn, TeamOptions options) {
+  CCFUSE_ARG_CHECK(!devices.empty(), "run_local_world needs at least one device");
+  check_nccl_version();
+  ncclUniqueId id{};
+  CCFUSE_NCCL_CHECK(ncclGetUniqueId(&id));
+  const int n = int(devices.size());
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::unique_ptr<Team> team = Team::create(id, r, n, devices[size_t(r)], options);
+        fn(*team);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // A TimeoutError is the root cause of whatever other ranks then saw; report it first.
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (...) {
+    }
+  }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace ccfuse::comm

@@ -1,0 +1,337 @@
+// GPU backend of the ccfuse tool: W ranks = W local GPUs, one thread each (Team mode (a)).
+//
+// Until the fused kernels land (issue: fused TP ops), this backend runs and times the serial
+// baselines that the fused ops must beat (DESIGN §5), all in one run on the same GPUs:
+//   ag_gemm : ncclAllGather(A) then cuBLAS  C = A_full @ B_r
+//   gemm_rs : cuBLAS P = A_r @ B_r then ncclReduceScatter(P)
+//   gemm_ar : cuBLAS P = A_r @ B_r then ncclAllReduce(P)
+// t_fused is reported as null: nothing fused is measured yet, and none is faked.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <ostream>
+#include <random>
+
+#include "ccfuse/comm/team.h"
+#include "ccfuse/common/cuda_check.h"
+#include "reference/naive.h"
+#include "src/tool/cli.h"
+
+#define CCFUSE_CUBLAS_CHECK(expr)                                                                   \
+  do {                                                                                              \
+    cublasStatus_t st_ = (expr);                                                                    \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      ::ccfuse::detail::throw_check_failure(__FILE__, __LINE__, #expr,                              \
+                                            ::ccfuse::detail::str_cat("cuBLAS error ", int(st_), ": ", \
+                                                                      cublasGetStatusString(st_))); \
+  } while (0)
+
+namespace ccfuse::tool {
+
+int count_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the tool, just 0 GPUs
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+using comm::Team;
+
+bool is_ag(const Options& o) { return o.op == "ag_gemm"; }
+size_t elem_size(DType t) { return size_t(dtype_size(t)); }
+cudaDataType_t cuda_type(DType t) { return t == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF; }
+ncclDataType_t nccl_type(DType t) { return t == DType::kFloat32 ? ncclFloat32 : ncclBfloat16; }
+
+// Shapes of one rank's part of the op.
+struct RankShape {
+  int64_t a_rows, a_cols;  // A as this rank holds it
+  int64_t gemm_m, gemm_k;  // the local cuBLAS GEMM: [gemm_m, gemm_k] x [gemm_k, n]
+  int64_t out_rows;        // rows of the output this rank returns
+};
+RankShape rank_shape(const Options& o) {
+  const int64_t w = o.world_size;
+  if (is_ag(o)) return {o.m / w, o.k, o.m, o.k, o.m};
+  const int64_t kl = local_k(o);
+  return {o.m, kl, o.m, kl, o.op == "gemm_rs" ? o.m / w : o.m};
+}
+
+// Row-major C[m,n] = A[m,k] @ B[k,n] as column-major C^T = B^T A^T; fp32 accumulation.
+void gemm_rowmajor(cublasHandle_t h, DType t, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
+  const float alpha = 1.f, beta = 0.f;
+  CCFUSE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, cuda_type(t), int(n),
+                                   a, cuda_type(t), int(k), &beta, c, cuda_type(t), int(n), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+}
+
+// Host floats -> device buffer of dtype t.
+void upload(const std::vector<float>& host, DType t, void* dev) {
+  if (t == DType::kFloat32) {
+    CCFUSE_CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    return;
+  }
+  std::vector<uint16_t> bits(host.size());
+  for (size_t i = 0; i < host.size(); ++i) bits[i] = bf16::from_float(host[i]).bits;
+  CCFUSE_CUDA_CHECK(cudaMemcpy(dev, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+}
+std::vector<double> download(const void* dev, size_t count, DType t) {
+  std::vector<double> out(count);
+  if (t == DType::kFloat32) {
+    std::vector<float> f(count);
+    CCFUSE_CUDA_CHECK(cudaMemcpy(f.data(), dev, count * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) out[i] = f[i];
+  } else {
+    std::vector<uint16_t> bits(count);
+    CCFUSE_CUDA_CHECK(cudaMemcpy(bits.data(), dev, count * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) out[i] = bf16{bits[i]}.to_float();
+  }
+  return out;
+}
+std::vector<float> rounded(std::vector<float> v, DType t) {
+  if (t != DType::kFloat32)
+    for (auto& x : v) x = bf16::from_float(x).to_float();
+  return v;
+}
+
+// One rank's device state for the serial baseline (several input sets, rotated so that the L2
+// does not serve repeated runs).
+struct RankState {
+  Team& team;
+  const Options& o;
+  RankShape s;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  int num_sets = 1;
+  std::vector<void*> a, b, gathered, out;  // per set; `gathered` = A_full (ag) or the partial P (rs/ar)
+
+  RankState(Team& t, const Options& opts, int sets) : team(t), o(opts), s(rank_shape(opts)), num_sets(sets) {
+    CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CCFUSE_CUBLAS_CHECK(cublasCreate(&blas));
+    CCFUSE_CUBLAS_CHECK(cublasSetStream(blas, stream));
+    const size_t es = elem_size(o.dtype);
+    for (int i = 0; i < num_sets; ++i) {
+      a.push_back(alloc(size_t(s.a_rows * s.a_cols) * es));
+      b.push_back(alloc(size_t(s.gemm_k * o.n) * es));
+      gathered.push_back(alloc(size_t(is_ag(o) ? o.m * o.k : o.m * o.n) * es));
+      out.push_back(alloc(size_t(s.out_rows * o.n) * es));
+    }
+  }
+  ~RankState() {
+    for (auto* v : {&a, &b, &gathered, &out})
+      for (void* p : *v) cudaFree(p);
+    cublasDestroy(blas);
+    cudaStreamDestroy(stream);
+  }
+  static void* alloc(size_t bytes) {
+    void* p = nullptr;
+    CCFUSE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    return p;
+  }
+
+  void comm_part(int set) {
+    const size_t es = elem_size(o.dtype);
+    if (is_ag(o)) {
+      CCFUSE_NCCL_CHECK(ncclAllGather(a[set], gathered[set], size_t(s.a_rows * s.a_cols), nccl_type(o.dtype),
+                                      team.comm(), stream));
+    } else if (o.op == "gemm_rs") {
+      CCFUSE_NCCL_CHECK(ncclReduceScatter(gathered[set], out[set], size_t(s.out_rows * o.n), nccl_type(o.dtype),
+                                          ncclSum, team.comm(), stream));
+    } else {
+      CCFUSE_NCCL_CHECK(ncclAllReduce(gathered[set], out[set], size_t(o.m * o.n), nccl_type(o.dtype), ncclSum,
+                                      team.comm(), stream));
+    }
+    (void)es;
+  }
+  void gemm_part(int set) {
+    if (is_ag(o)) gemm_rowmajor(blas, o.dtype, o.m, o.n, o.k, gathered[set], b[set], out[set]);
+    else gemm_rowmajor(blas, o.dtype, o.m, o.n, s.gemm_k, a[set], b[set], gathered[set]);
+  }
+  void serial(int set) {
+    if (is_ag(o)) {
+      comm_part(set);
+      gemm_part(set);
+    } else {
+      gemm_part(set);
+      comm_part(set);
+    }
+  }
+};
+
+std::vector<float> rank_input(const Options& o, int rank, int which, size_t count) {
+  std::vector<float> v(count);
+  fill_uniform(*o.seed, rank, which, v.data(), count);
+  return rounded(std::move(v), o.dtype);
+}
+
+std::vector<int> devices_for(const Options& o) {
+  std::vector<int> d(static_cast<size_t>(o.world_size));
+  for (int i = 0; i < o.world_size; ++i) d[size_t(i)] = i;
+  return d;
+}
+
+}  // namespace
+
+CheckResult gpu_check(const Options& o, std::ostream& log) {
+  const int w = o.world_size;
+  const RankShape s = rank_shape(o);
+  ref::RankMats a(static_cast<size_t>(w)), b(static_cast<size_t>(w)), out(static_cast<size_t>(w));
+  for (int r = 0; r < w; ++r) {
+    for (float x : rank_input(o, r, 0, size_t(s.a_rows * s.a_cols))) a[size_t(r)].push_back(x);
+    for (float x : rank_input(o, r, 1, size_t(s.gemm_k * o.n))) b[size_t(r)].push_back(x);
+  }
+  log << "gpu: running the serial NCCL + cuBLAS " << o.op << " on " << w << " GPUs\n";
+  comm::run_local_world(devices_for(o), [&](Team& team) {
+    const int r = team.rank();
+    RankState st(team, o, 1);
+    upload(std::vector<float>(a[size_t(r)].begin(), a[size_t(r)].end()), o.dtype, st.a[0]);
+    upload(std::vector<float>(b[size_t(r)].begin(), b[size_t(r)].end()), o.dtype, st.b[0]);
+    // Poison the output: every element must be written by the op.
+    CCFUSE_CUDA_CHECK(cudaMemset(st.out[0], 0xff, size_t(s.out_rows * o.n) * elem_size(o.dtype)));
+    st.serial(0);
+    team.synchronize(st.stream);
+    out[size_t(r)] = download(st.out[0], size_t(s.out_rows * o.n), o.dtype);
+  }, comm::TeamOptions{o.watchdog_ms});
+  ref::RankMats want = is_ag(o)          ? ref::naive_ag_gemm(a, b, o.m, o.n, o.k)
+                       : o.op == "gemm_rs" ? ref::naive_gemm_rs(a, b, o.m, o.n, s.gemm_k)
+                                           : ref::naive_gemm_ar(a, b, o.m, o.n, s.gemm_k);
+  std::vector<double> got_all, want_all;
+  for (int r = 0; r < w; ++r) {
+    got_all.insert(got_all.end(), out[size_t(r)].begin(), out[size_t(r)].end());
+    want_all.insert(want_all.end(), want[size_t(r)].begin(), want[size_t(r)].end());
+  }
+  if (o.inject_fault && !got_all.empty()) got_all[got_all.size() / 2] += 1000.0;
+  CheckResult res;
+  res.rel_err = ref::rel_err(got_all, want_all);
+  res.tolerance = tolerance_for(o.dtype);
+  res.pass = res.rel_err <= res.tolerance;
+  return res;
+}
+
+BenchRecord gpu_bench(const Options& o, std::ostream& log) {
+  const int w = o.world_size;
+  const RankShape s = rank_shape(o);
+  const size_t es = elem_size(o.dtype);
+  const size_t set_bytes = size_t(s.a_rows * s.a_cols + s.gemm_k * o.n + (is_ag(o) ? o.m * o.k : o.m * o.n) +
+                                  s.out_rows * o.n) * es;
+  // Rotate input sets so that their total is several times the 60 MB L2.
+  const int num_sets = int(std::clamp<size_t>((size_t(512) << 20) / std::max<size_t>(set_bytes, 1) + 1, 1, 4));
+  constexpr int kSampleRows = 4;
+  std::mutex mu;
+  std::vector<double> t_comm(static_cast<size_t>(w)), t_gemm(static_cast<size_t>(w)), t_serial(static_cast<size_t>(w));
+  std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
+  cudaDeviceProp prop{};
+  CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  log << "gpu: " << w << " x " << prop.name << ", serial NCCL + cuBLAS baselines, " << num_sets
+      << " rotated input sets, " << o.warmup << " warm-up + " << o.iters << " timed runs each\n";
+
+  comm::run_local_world(devices_for(o), [&](Team& team) {
+    const int r = team.rank();
+    RankState st(team, o, num_sets);
+    const auto a_host = rank_input(o, r, 0, size_t(s.a_rows * s.a_cols));
+    const auto b_host = rank_input(o, r, 1, size_t(s.gemm_k * o.n));
+    for (int i = 0; i < num_sets; ++i) {
+      upload(a_host, o.dtype, st.a[size_t(i)]);
+      upload(b_host, o.dtype, st.b[size_t(i)]);
+    }
+    cudaEvent_t e0, e1;
+    CCFUSE_CUDA_CHECK(cudaEventCreate(&e0));
+    CCFUSE_CUDA_CHECK(cudaEventCreate(&e1));
+    auto time_it = [&](const char* what, auto&& part) {
+      std::vector<double> ms;
+      for (int it = 0; it < o.warmup + o.iters; ++it) {
+        team.barrier(st.stream);  // ranks start each run together
+        CCFUSE_CUDA_CHECK(cudaEventRecord(e0, st.stream));
+        part(it % num_sets);
+        CCFUSE_CUDA_CHECK(cudaEventRecord(e1, st.stream));
+        team.synchronize(st.stream);
+        float t = 0;
+        CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        if (it >= o.warmup) ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      if (r == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        log << "gpu: " << what << " done\n";
+      }
+      return ms[ms.size() / 2];
+    };
+    t_comm[size_t(r)] = time_it("t_comm", [&](int set) { st.comm_part(set); });
+    t_gemm[size_t(r)] = time_it("t_gemm", [&](int set) { st.gemm_part(set); });
+    t_serial[size_t(r)] = time_it("t_serial", [&](int set) { st.serial(set); });
+
+    // rel_err on sampled rows of a fresh, poisoned run (a full fp64 reference of these
+    // shapes would take minutes on the host).
+    CCFUSE_CUDA_CHECK(cudaMemset(st.out[0], 0xff, size_t(s.out_rows * o.n) * es));
+    st.serial(0);
+    team.synchronize(st.stream);
+    std::mt19937_64 pick(*o.seed + 17 * uint64_t(r));
+    std::vector<int64_t> rows;
+    for (int i = 0; i < kSampleRows; ++i) rows.push_back(int64_t(pick() % uint64_t(s.out_rows)));
+    std::vector<std::vector<double>> got;
+    for (int64_t row : rows) got.push_back(download(static_cast<char*>(st.out[0]) + size_t(row * o.n) * es, size_t(o.n), o.dtype));
+    // Reference rows in fp64 from the (deterministic) inputs, regenerated once per source rank.
+    std::vector<std::vector<double>> want(rows.size(), std::vector<double>(size_t(o.n), 0.0));
+    for (int src = 0; src < w; ++src) {
+      std::vector<size_t> use;  // sampled rows that take A rows from `src`
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (!is_ag(o) || rows[i] / s.a_rows == src) use.push_back(i);
+      if (use.empty()) continue;
+      const auto a_src = rank_input(o, src, 0, size_t(s.a_rows * s.a_cols));
+      const std::vector<float> b_other = is_ag(o) ? std::vector<float>() : rank_input(o, src, 1, size_t(s.gemm_k * o.n));
+      const std::vector<float>& b_use = is_ag(o) ? b_host : b_other;
+      for (size_t i : use) {
+        // gemm_rs returns this rank's band: output row i is global row r * rows_per_band + i.
+        const int64_t a_row = is_ag(o) ? rows[i] % s.a_rows : (o.op == "gemm_rs" ? r * s.out_rows + rows[i] : rows[i]);
+        for (int64_t kk = 0; kk < s.gemm_k; ++kk) {
+          const double av = a_src[size_t(a_row * s.a_cols + kk)];
+          const float* brow = b_use.data() + size_t(kk * o.n);
+          for (int64_t j = 0; j < o.n; ++j) want[i][size_t(j)] += av * double(brow[j]);
+        }
+      }
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int64_t j = 0; j < o.n; ++j) {
+        const double g = got[i][size_t(j)], d = g - want[i][size_t(j)];
+        num += std::isfinite(g) ? d * d : INFINITY;
+        den += want[i][size_t(j)] * want[i][size_t(j)];
+      }
+    }
+    err_num[size_t(r)] = num;
+    err_den[size_t(r)] = den;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }, comm::TeamOptions{o.watchdog_ms});
+
+  BenchRecord rec;
+  rec.op = o.op;
+  rec.dtype = dtype_name(o.dtype);
+  rec.gpu = prop.name;
+  rec.backend = "gpu";
+  rec.world_size = w;
+  rec.m = o.m;
+  rec.n = o.n;
+  rec.k = o.k;
+  // A collective finishes when its slowest rank does: take the max over ranks of the medians.
+  rec.t_comm_ms = *std::max_element(t_comm.begin(), t_comm.end());
+  rec.t_gemm_ms = *std::max_element(t_gemm.begin(), t_gemm.end());
+  rec.t_serial_ms = *std::max_element(t_serial.begin(), t_serial.end());
+  rec.t_limit_ms = std::max(rec.t_comm_ms, rec.t_gemm_ms);
+  double num = 0, den = 0;
+  for (int r = 0; r < w; ++r) {
+    num += err_num[size_t(r)];
+    den += err_den[size_t(r)];
+  }
+  rec.rel_err = den > 0 ? std::sqrt(num / den) : -1;
+  rec.notes = "serial NCCL+cuBLAS baselines only (t_fused null: fused kernels not built yet); rel_err over " +
+              std::to_string(kSampleRows) + " sampled output rows per rank";
+  return rec;
+}
+
+}  // namespace ccfuse::tool

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
+#   GPU tests, communication microbenchmarks, and the TP benchmarks; logs and JSON go to $OUT.
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp]   (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# NOTE: NVLink multicast stays off everywhere (it can take the shared GPUs down).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/ccfuse-out}
+mkdir -p "$OUT"
+BIN=.carry/bin
+export CCFUSE_COMMIT=$(tr -d '\n' < .carry/commit 2>/dev/null || echo unknown)
+what=${*:-tests comm tp}
+
+# Run against the NCCL the binaries were built with (2.28.9: PyTorch's wheel), and its cuBLAS.
+pylib() { python3 -c "import importlib, os; m = importlib.import_module('$1'); print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null; }
+export LD_LIBRARY_PATH="$(pylib nvidia.nccl):$(pylib nvidia.cublas):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+
+{
+  date -u; nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv
+  nvidia-smi topo -m
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; echo "commit=$CCFUSE_COMMIT"
+  ldd $BIN/ccfuse | grep -E "nccl|cublas|not found"
+} 2>&1 | tee "$OUT/env.log"
+
+status=0
+summary=()
+if [[ " $what " == *" tests "* ]]; then
+  timeout 600 $BIN/ccfuse_gpu_tests --gtest_output=json:"$OUT/gpu_tests.json" 2>&1 | tee "$OUT/gpu_tests.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("gpu tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/gpu_tests.log" | tr '\n' ' ')")
+  for op in ag_gemm gemm_rs gemm_ar; do
+    for dt in bf16 fp32; do
+      timeout 120 $BIN/ccfuse check --op $op --m 1000 --n 520 --k 776 --dtype $dt 2>&1 | tee -a "$OUT/gpu_check.log" | tail -n 1
+      rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+    done
+  done
+  summary+=("gpu check: $(grep -c '^PASS' "$OUT/gpu_check.log") PASS, $(grep -c '^FAIL' "$OUT/gpu_check.log") FAIL")
+fi
+if [[ " $what " == *" comm "* ]]; then
+  timeout 300 $BIN/ccfuse_comm_bench --json "$OUT/comm_microbench.jsonl" 2>&1 | tee "$OUT/comm_microbench.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("comm bench: rc=$rc")
+fi
+if [[ " $what " == *" tp "* ]]; then
+  : > "$OUT/tp_baselines.log"
+  for spec in "ag_gemm 8192 14336 8192" "ag_gemm 4096 7168 4096" "ag_gemm 8192 3072 4096" \
+              "gemm_rs 8192 8192 14336" "gemm_rs 4096 4096 7168" "gemm_rs 8192 4096 3072" \
+              "gemm_ar 8192 8192 14336" "gemm_ar 4096 4096 7168"; do
+    set -- $spec
+    timeout 300 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --dtype bf16 --json "$OUT/tp_baselines.jsonl" \
+      2>&1 | tee -a "$OUT/tp_baselines.log"
+    rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  done
+  summary+=("tp bench: see tp_baselines.log")
+fi
+echo "================ summary ================"
+for s in "${summary[@]}"; do echo "$s"; done
+[ -f "$OUT/comm_microbench.log" ] && tail -n 40 "$OUT/comm_microbench.log"
+exit $status

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the CUDA targets here (nvcc 13.0, sm_90a) and stages the binaries in .carry/bin, the
+# ignored folder that the device tool carries to the GPU machine (no compiler run there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+cmake --preset default >/dev/null
+cmake --build --preset default -j "$(nproc)" --target ccfuse_tool ccfuse_gpu_tests ccfuse_comm_bench
+mkdir -p .carry/bin
+cp build/ccfuse build/tests/ccfuse_gpu_tests build/ccfuse_comm_bench .carry/bin/
+git rev-parse --short HEAD > .carry/commit 2>/dev/null || echo unknown > .carry/commit
+git diff --quiet HEAD 2>/dev/null || echo "+dirty" >> .carry/commit
+du -sh .carry

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The README's test command: set up, build every target (CUDA sources included where nvcc
+# exists), run the whole test suite with CTest. GPU tests skip, with the reason shown, on
+# machines with fewer than 2 GPUs. With --tsan, also builds and runs the host tests under
+# ThreadSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+bash tools/setup.sh
+preset=$(bash tools/preset.sh)
+jobs=${CCFUSE_JOBS:-$(nproc)}
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" -j "$jobs"
+ctest --preset "$preset" -j "$jobs"
+if [ "${1:-}" = "--tsan" ]; then
+  cmake --preset tsan >/dev/null
+  cmake --build --preset tsan -j "$jobs"
+  ctest --preset tsan -j "$jobs"
+fi
