@@ -12,6 +12,12 @@ jobs=${CCFUSE_JOBS:-$(nproc)}
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j "$jobs"
 ctest --preset "$preset" -j "$jobs"
+# Say why GPU tests skipped (CTest lists them only as "Skipped").
+gpu_tests=build/tests/ccfuse_gpu_tests
+if [ "$preset" = default ] && [ -x "$gpu_tests" ]; then
+  reasons=$("$gpu_tests" 2>&1 | grep -A1 ': Skipped$' | grep -v -e ': Skipped$' -e '^--$' | sort | uniq -c || true)
+  [ -z "$reasons" ] || echo "GPU tests skipped here:$reasons"
+fi
 if [ "${1:-}" = "--tsan" ]; then
   cmake --preset tsan >/dev/null
   cmake --build --preset tsan -j "$jobs"

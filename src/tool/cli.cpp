@@ -459,7 +459,7 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
 
     // A timing of a wrong answer is not a result: report it and keep it out of the records.
     // A negative rel_err means the backend did not check (recorded as null), not a failure.
-    const double tol = tolerance_for(o.dtype);
+    const double tol = tolerance_for(o.dtype, o.k);
     const CheckResult r{!std::isnan(rec.rel_err) && rec.rel_err <= tol, rec.rel_err, tol};
     if (!r.pass) {
       out << check_line(o, r) << " (bench result not recorded)\n" << std::flush;
@@ -489,6 +489,10 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
     err << "ccfuse: internal error: unknown exception\n";
     return 3;
   }
+}
+
+int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  return run_tool_with(argc, argv, out, err, GpuHooks{&count_gpus, &gpu_check, &gpu_bench});
 }
 
 }  // namespace ccfuse::tool

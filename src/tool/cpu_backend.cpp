@@ -169,7 +169,7 @@ CheckResult check_impl(const Options& o, std::ostream& log) {
     for (const T& v : rank_out) out_all.push_back(double(to_f32(v)));
 
   CheckResult result;
-  result.tolerance = tolerance_for(o.dtype);
+  result.tolerance = tolerance_for(o.dtype, o.k);
   result.rel_err = ref::rel_err(out_all, ref_all);
   result.pass = result.rel_err <= result.tolerance;  // NaN and +inf fail
   return result;

@@ -208,7 +208,7 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
   if (o.inject_fault && !got_all.empty()) got_all[got_all.size() / 2] += 1000.0;
   CheckResult res;
   res.rel_err = ref::rel_err(got_all, want_all);
-  res.tolerance = tolerance_for(o.dtype);
+  res.tolerance = tolerance_for(o.dtype, o.k);
   res.pass = res.rel_err <= res.tolerance;
   return res;
 }

@@ -1,5 +1,6 @@
 // src/tool/results.cpp: what the tool writes: the check line, the bench table and the JSON Lines
 // record of DESIGN §5 (one per (op, shape); fields are added, never renamed: plots read them).
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -102,7 +103,10 @@ std::string executable_dir() {
 
 }  // namespace
 
-double tolerance_for(DType dtype) { return dtype == DType::kFloat32 ? 1e-6 : 1e-2; }
+double tolerance_for(DType dtype, int64_t k) {
+  if (dtype != DType::kFloat32) return 1e-2;
+  return 1e-6 * std::max(1.0, std::sqrt(double(k) / 1024.0));
+}
 
 std::string check_line(const Options& o, const CheckResult& r) {
   std::ostringstream os;

@@ -163,3 +163,15 @@ TEST(ToolInputs, FillUniformIsDeterministicPerSeedRankAndTensor) {
 
 }  // namespace
 }  // namespace ccfuse::tool::testing
+
+namespace ccfuse::tool {
+namespace {
+TEST(Tolerance, Fp32GrowsWithSqrtKBeyond1024) {
+  EXPECT_EQ(tolerance_for(DType::kFloat32, 512), 1e-6);
+  EXPECT_EQ(tolerance_for(DType::kFloat32, 1024), 1e-6);
+  EXPECT_DOUBLE_EQ(tolerance_for(DType::kFloat32, 4096), 2e-6);
+  EXPECT_DOUBLE_EQ(tolerance_for(DType::kFloat32, 16384), 4e-6);
+  EXPECT_EQ(tolerance_for(DType::kBFloat16, 16384), 1e-2);
+}
+}  // namespace
+}  // namespace ccfuse::tool
