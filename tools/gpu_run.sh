@@ -44,9 +44,11 @@ if [[ " $what " == *" comm "* ]]; then
 fi
 if [[ " $what " == *" tp "* ]]; then
   : > "$OUT/tp_baselines.log"
-  for spec in "ag_gemm 8192 14336 8192" "ag_gemm 4096 7168 4096" "ag_gemm 8192 3072 4096" \
-              "gemm_rs 8192 8192 14336" "gemm_rs 4096 4096 7168" "gemm_rs 8192 4096 3072" \
-              "gemm_ar 8192 8192 14336" "gemm_ar 4096 4096 7168"; do
+  # DESIGN §5 TP=2 rows. --k is the GLOBAL reduction length: gemm_rs/gemm_ar give each rank
+  # K/W, so K = 28672 reproduces DESIGN's per-rank GEMM with K = 14336 (Llama-3-70B MLP).
+  for spec in "ag_gemm 8192 14336 8192" "ag_gemm 16384 14336 8192" "ag_gemm 4096 7168 4096" "ag_gemm 8192 3072 4096" \
+              "gemm_rs 8192 8192 28672" "gemm_rs 16384 8192 28672" "gemm_rs 4096 4096 14336" "gemm_rs 8192 4096 6144" \
+              "gemm_ar 8192 8192 28672" "gemm_ar 4096 4096 14336"; do
     set -- $spec
     timeout 300 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --dtype bf16 --json "$OUT/tp_baselines.jsonl" \
       2>&1 | tee -a "$OUT/tp_baselines.log"
