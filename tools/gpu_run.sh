@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
-#   GPU tests, communication microbenchmarks, and the TP benchmarks; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp]   (default: all)
+#   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
+#   against cuBLASLt; logs and JSON go to $OUT.
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm]
+#   (default: tests comm tp; gemm runs when named: ~2-4 minutes on one H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NOTE: NVLink multicast stays off everywhere (it can take the shared GPUs down).
@@ -55,6 +57,40 @@ if [[ " $what " == *" tp "* ]]; then
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   done
   summary+=("tp bench: see tp_baselines.log")
+fi
+if [[ " $what " == *" gemm "* ]]; then
+  # The GEMM engine on GPU 0: a few checks (partial tiles, both B layouts, fp16), then every
+  # Llama-3 TP GEMM shape of bench/shapes/tp_gemm_shapes.txt (tools/make_tp_gemm_shapes.py)
+  # against the best cuBLASLt algorithm, then an SM-budget sweep (n_c = 8, 16, 32 SMs left for
+  # communication) and the kn layout on two large shapes. One bench call takes about 1-3 s.
+  : > "$OUT/gemm_check.log"; : > "$OUT/gemm.log"; : > "$OUT/gemm.jsonl"
+  for spec in "1000 520 776 bf16 nk" "1000 520 776 bf16 kn" "1000 520 776 fp16 nk" "257 384 64 bf16 kn" \
+              "4096 4096 4096 bf16 nk" "8192 14336 8192 bf16 nk"; do
+    set -- $spec
+    timeout 120 $BIN/ccfuse check --op gemm --m $1 --n $2 --k $3 --dtype $4 --b-layout $5 2>&1 \
+      | tee -a "$OUT/gemm_check.log" | tail -n 1
+    rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  done
+  summary+=("gemm check: $(grep -c '^PASS' "$OUT/gemm_check.log") PASS, $(grep -c '^FAIL' "$OUT/gemm_check.log") FAIL")
+  gemm_bench() {  # m n k [more options]
+    local m=$1 n=$2 k=$3; shift 3
+    timeout 60 $BIN/ccfuse bench --op gemm --m $m --n $n --k $k --dtype bf16 --iters 10 "$@" \
+      --json "$OUT/gemm.jsonl" < /dev/null >> "$OUT/gemm.log" 2>&1
+    local rc=$?
+    [ $rc = 0 ] || { status=1; echo "gemm bench $m $n $k $*: rc=$rc" | tee -a "$OUT/gemm.log"; }
+  }
+  t0=$SECONDS
+  while read -r m n k _; do
+    [[ -z "$m" || "$m" == \#* ]] && continue
+    gemm_bench $m $n $k
+  done < bench/shapes/tp_gemm_shapes.txt
+  for shape in "8192 14336 8192" "8192 8192 14336"; do  # Llama-3-70B gate_up TP=4, down TP=2
+    for sms in 124 116 100; do gemm_bench $shape --sms $sms; done
+    gemm_bench $shape --b-layout kn
+  done
+  echo "gemm section: $((SECONDS - t0)) s of benches" | tee -a "$OUT/gemm.log"
+  python3 tools/summarize_gemm.py --table "$OUT/gemm.jsonl" 2>&1 | tee "$OUT/gemm_summary.log"
+  summary+=("gemm bench: $(wc -l < "$OUT/gemm.jsonl") records; $(grep -m1 '^geomean' "$OUT/gemm_summary.log")")
 fi
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done

@@ -56,6 +56,7 @@ const OptionSpec kOptionSpecs[] = {
     {"--k", false},           {"--dtype", false},      {"--backend", false},     {"--seed", false},
     {"--watchdog-ms", false}, {"--block-m", false},    {"--block-n", false},     {"--iters", true},
     {"--warmup", true},       {"--json", true},        {"--print-config", false}, {"--inject-fault", false},
+    {"--b-layout", false},    {"--sms", false},
 };
 
 bool takes_value(const std::string& name) { return name != "--print-config" && name != "--inject-fault"; }
@@ -101,7 +102,14 @@ uint64_t parse_seed(const std::string& text) {
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 
-void set_option(Options& o, const std::string& name, const std::string& value) {
+// What parse_args checks only once every option is known: the --dtype text (its rule depends on
+// the op) and the options given (--b-layout/--sms belong to --op gemm).
+struct ParseState {
+  std::string dtype_text;
+  std::set<std::string> seen;
+};
+
+void set_option(Options& o, ParseState& st, const std::string& name, const std::string& value) {
   if (name == "--op") {
     bool known = false;
     for (const auto& op : known_ops()) known = known || op == value;
@@ -120,13 +128,7 @@ void set_option(Options& o, const std::string& name, const std::string& value) {
   } else if (name == "--k") {
     o.k = parse_int(name, value, 1, kI64Max, "must be a positive integer");
   } else if (name == "--dtype") {
-    if (value == "fp32") {
-      o.dtype = DType::kFloat32;
-    } else if (value == "bf16") {
-      o.dtype = DType::kBFloat16;
-    } else {
-      throw InvalidArgument(str_cat("--dtype ", value, " is not supported (fp32, bf16)"));
-    }
+    st.dtype_text = value;  // checked against the op once all options are read (check_dtype)
   } else if (name == "--backend") {
     if (value == "auto") {
       o.backend = Backend::kAuto;
@@ -155,7 +157,47 @@ void set_option(Options& o, const std::string& name, const std::string& value) {
     o.print_config = true;
   } else if (name == "--inject-fault") {
     o.inject_fault = true;
+  } else if (name == "--b-layout") {
+    if (value == "nk") {
+      o.b_layout = gemm::BLayout::kNK;
+    } else if (value == "kn") {
+      o.b_layout = gemm::BLayout::kKN;
+    } else {
+      throw InvalidArgument(str_cat("--b-layout ", value, " is not supported (nk: B is [N, K]; kn: B is [K, N])"));
+    }
+  } else if (name == "--sms") {
+    // The upper bound (the GPU's SM count) is checked where the GPU is known (gpu_gemm_bench.cu).
+    o.sms = int(parse_int(name, value, 0, kIntMax, "must be at least 0 (0 = every SM)"));
   }
+}
+
+// dtypes per op: the TP ops run fp32 and bf16 (CPU world and serial baselines); the GEMM engine
+// is a 16-bit tensor-core kernel (bf16, fp16).
+void check_dtype(Options& o, const std::string& text) {
+  if (text.empty()) return;  // default bf16: every op has it
+  const bool gemm = o.op == "gemm";
+  const char* supported = gemm ? "bf16, fp16" : "fp32, bf16";
+  if (text == "bf16") {
+    o.dtype = DType::kBFloat16;
+  } else if (text == "fp32" && !gemm) {
+    o.dtype = DType::kFloat32;
+  } else if (text == "fp16" && gemm) {
+    o.dtype = DType::kFloat16;
+  } else {
+    throw InvalidArgument(str_cat("--dtype ", text, " is not supported for --op ", o.op, " (", supported, ")"));
+  }
+}
+
+// The rules of --op gemm (one GPU, no CPU version) and of its options on the other ops.
+void check_gemm_rules(const Options& o, const std::set<std::string>& seen) {
+  if (o.op != "gemm") {
+    for (const char* name : {"--b-layout", "--sms"})
+      CCFUSE_ARG_CHECK(seen.count(name) == 0, name, " applies to --op gemm only");
+    return;
+  }
+  CCFUSE_ARG_CHECK(o.world_size == 0 || o.world_size == 1, "--world-size ", o.world_size,
+                   " is not allowed for --op gemm (single GPU)");
+  CCFUSE_ARG_CHECK(o.backend != Backend::kCpu, "--op gemm needs the GPU backend (no CPU reference world version)");
 }
 
 // The rules between the sizes and the world size. `defaulted` words the message for a world
@@ -225,7 +267,7 @@ std::string one_line(const char* what) {
 }  // namespace
 
 const std::vector<std::string>& known_ops() {
-  static const std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar"};
+  static const std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar", "gemm"};
   return ops;
 }
 
@@ -237,6 +279,8 @@ const char* backend_name(Backend b) {
   }
   return "?";
 }
+
+bool is_gemm(const Options& options) { return options.op == "gemm"; }
 
 int64_t local_k(const Options& options) {
   return is_k_split(options.op) && options.world_size > 0 ? options.k / options.world_size : options.k;
@@ -264,7 +308,8 @@ Options parse_args(int argc, const char* const* argv) {
     throw InvalidArgument(str_cat("unknown command '", cmd, "' (known: check, bench, help)"));
   }
 
-  std::set<std::string> seen;
+  ParseState st;
+  std::set<std::string>& seen = st.seen;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i] ? argv[i] : "";
     if (arg == "--help" || arg == "-h") {
@@ -292,10 +337,12 @@ Options parse_args(int argc, const char* const* argv) {
                        name, " needs a value");
       value = argv[++i];
     }
-    set_option(o, name, value);
+    set_option(o, st, name, value);
   }
 
   CCFUSE_ARG_CHECK(!o.op.empty(), "--op is required");
+  check_dtype(o, st.dtype_text);
+  check_gemm_rules(o, seen);
   CCFUSE_ARG_CHECK(o.m > 0, "--m is required");
   CCFUSE_ARG_CHECK(o.n > 0, "--n is required");
   CCFUSE_ARG_CHECK(o.k > 0, "--k is required");
@@ -306,6 +353,18 @@ Options parse_args(int argc, const char* const* argv) {
 std::string resolve(Options& o, int num_gpus) {
   if (o.command != Command::kCheck && o.command != Command::kBench) return "";
   if (num_gpus < 0) num_gpus = 0;
+  if (is_gemm(o)) {
+    // One GPU, no CPU version: auto means the GPU, and there must be one. (parse_args already
+    // refused --backend cpu and world sizes other than 1; options built by hand meet them here.)
+    check_gemm_rules(o, {});
+    if (o.backend == Backend::kAuto) {
+      CCFUSE_ARG_CHECK(num_gpus >= 1, "--op gemm needs the GPU backend (no CPU reference world version); no GPU found");
+      o.backend = Backend::kGpu;
+    }
+    CCFUSE_ARG_CHECK(num_gpus >= 1, "--backend gpu needs at least 1 GPU; none found");
+    o.world_size = 1;
+    return "";
+  }
   std::string notice;
   if (o.backend == Backend::kAuto) {
     if (num_gpus >= 2) {
@@ -345,6 +404,7 @@ usage:
   ccfuse check --op OP --m M --n N --k K [--world-size W] [--dtype fp32|bf16]
                [--backend auto|cpu|gpu] [--seed S]
   ccfuse bench --op OP --m M --n N --k K [...check options] [--iters N] [--warmup N] [--json FILE]
+  ccfuse check|bench --op gemm --m M --n N --k K [--dtype bf16|fp16] [--b-layout nk|kn] [--sms N]
   ccfuse help | --help          this text
   ccfuse --version              the version
 
@@ -362,17 +422,23 @@ ops (W = world size, r = rank; --m is the global M and --k the global K):
   gemm_rs   A_r [M, K/W], B_r [K/W, N] -> rows [r*M/W, (r+1)*M/W) of sum_r A_r @ B_r
   gemm_ar   as gemm_rs -> all of sum_r A_r @ B_r [M, N]
   W must divide M; for gemm_rs and gemm_ar W must also divide K (each rank holds K/W).
+  gemm      A [M, K] @ B -> C [M, N] on one GPU (the Hopper GEMM engine; GPU backend only,
+            world size 1); B is [N, K] (--b-layout nk, a torch Linear weight) or [K, N] (kn).
+            bench times it against the best of cuBLASLt's heuristic algorithms on the same
+            problem and reports TFLOP/s of both (t_fused = ccfuse, t_gemm = cuBLASLt).
 
 options:
-  --op OP            ag_gemm | gemm_rs | gemm_ar (required)
+  --op OP            ag_gemm | gemm_rs | gemm_ar | gemm (required)
   --m, --n, --k      problem sizes, positive integers (required)
   --world-size W     ranks (default: the GPUs present for gpu, 2 for cpu)
-  --dtype D          bf16 (default) | fp32
+  --dtype D          bf16 (default) | fp32 (TP ops) | fp16 (gemm)
   --backend B        auto (default: gpu with 2 or more GPUs, else cpu) | cpu | gpu
   --seed S           input seed, a non-negative integer (default: fresh; always printed)
   --watchdog-ms T    bound of every wait on another rank (default 5000)
   --block-m, --block-n  tile shape of the CPU reference world (default 64 x 64)
-  --print-config     print the resolved options (key=value lines) before running
+  --b-layout L       gemm: B stored nk = [N, K] (default) or kn = [K, N]
+  --sms N            gemm: SM budget of the persistent grid (default 0 = every SM; at most the GPU's)
+  --print-config     print the resolved options (key=value lines; gemm: also its engine config)
   --iters N          bench: timed runs, median reported (default 20)
   --warmup N         bench: untimed runs first (default 3)
   --json FILE        bench: append the record to FILE (JSON Lines)
@@ -398,6 +464,9 @@ std::string format_config(const Options& o) {
      << "watchdog_ms=" << o.watchdog_ms << "\n"
      << "block_m=" << o.block_m << "\n"
      << "block_n=" << o.block_n << "\n";
+  if (is_gemm(o))
+    os << "b_layout=" << gemm::b_layout_name(o.b_layout) << "\n"
+       << "sms=" << o.sms << "\n";
   if (o.command == Command::kBench)
     os << "iters=" << o.iters << "\n"
        << "warmup=" << o.warmup << "\n"
@@ -434,7 +503,12 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
     }
     if (!notice.empty()) err << notice << "\n";
     if (!o.seed) o.seed = fresh_seed();
-    if (o.print_config) out << format_config(o) << std::flush;
+    if (o.print_config) {
+      out << format_config(o);
+      // The engine's choice needs the GPU (its SM count): the GPU side formats it.
+      if (is_gemm(o) && on_gpu && gpu.gemm_config) out << "gemm_config=" << gpu.gemm_config(o) << "\n";
+      out << std::flush;
+    }
 
     if (o.command == Command::kCheck) {
       const CheckResult r = on_gpu ? gpu.check(o, err) : cpu_check(o, err);
@@ -492,7 +566,7 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
 }
 
 int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  return run_tool_with(argc, argv, out, err, GpuHooks{&count_gpus, &gpu_check, &gpu_bench});
+  return run_tool_with(argc, argv, out, err, GpuHooks{&count_gpus, &gpu_check, &gpu_bench, &gpu_gemm_config});
 }
 
 }  // namespace ccfuse::tool

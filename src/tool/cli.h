@@ -3,6 +3,8 @@
 //
 //   ccfuse check --op OP --world-size W --m M --n N --k K [--dtype fp32|bf16] [--backend cpu|gpu] [--seed S]
 //   ccfuse bench --op OP ... [--iters N] [--warmup N] [--json FILE]
+//   ccfuse check|bench --op gemm --m M --n N --k K [--dtype bf16|fp16] [--b-layout nk|kn] [--sms N]
+//     (the single-GPU Hopper GEMM engine against an fp64 reference (check) and cuBLASLt (bench))
 //
 // Exit codes: 0 PASS (or bench done), 1 FAIL (wrong answer), 2 bad input (one line on stderr
 // naming the argument and the rule), 3 runtime error (CUDA/NCCL/watchdog...).
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "ccfuse/common/dtype.h"
+#include "ccfuse/gemm/gemm.h"  // BLayout (host-only header: no CUDA needed)
 
 namespace ccfuse::tool {
 
@@ -23,8 +26,8 @@ enum class Backend { kAuto, kCpu, kGpu };
 
 struct Options {
   Command command = Command::kHelp;
-  std::string op;                 // ag_gemm | gemm_rs | gemm_ar
-  int world_size = 0;             // 0 = default: GPUs present (gpu backend) or 2 (cpu)
+  std::string op;                 // ag_gemm | gemm_rs | gemm_ar | gemm
+  int world_size = 0;             // 0 = default: GPUs present (gpu backend) or 2 (cpu); gemm: 1
   int64_t m = 0, n = 0, k = 0;
   DType dtype = DType::kBFloat16;
   Backend backend = Backend::kAuto;
@@ -35,6 +38,9 @@ struct Options {
   int64_t watchdog_ms = 5000;     // bound of every remote wait
   int block_m = 64, block_n = 64; // CPU world tile shape
   bool print_config = false;
+  // --op gemm only (single GPU, GPU backend only):
+  gemm::BLayout b_layout = gemm::BLayout::kNK;  // B [N, K] (nk, a torch Linear weight; default) or [K, N] (kn)
+  int sms = 0;                    // SM budget of the persistent GEMM grid; 0 = every SM (checked against the GPU)
   // Hidden (not in --help): corrupt one output element before the comparison, so that tests can
   // prove the checker fails when the answer is wrong.
   bool inject_fault = false;
@@ -44,7 +50,7 @@ struct Options {
 const std::vector<std::string>& known_ops();
 
 // Parses argv (argv[0] is the program). Throws InvalidArgument with a one-line message such as
-// "--m 1000 is not divisible by --world-size 3" or "unknown op 'foo' (known: ag_gemm, gemm_rs, gemm_ar)".
+// "--m 1000 is not divisible by --world-size 3" or "unknown op 'foo' (known: ag_gemm, gemm_rs, gemm_ar, gemm)".
 Options parse_args(int argc, const char* const* argv);
 
 // Resolves the backend and default world size given the GPUs present, and checks the rules
@@ -67,6 +73,13 @@ struct BenchRecord {
   double t_fused_ms = -1, t_serial_ms = -1, t_gemm_ms = -1, t_comm_ms = -1, t_limit_ms = -1, t_peer_ms = -1;
   double rel_err = -1;
   std::string notes;
+  // --op gemm (added fields; each is written to the JSON only when set, so the TP records keep
+  // their shape): ccfuse and best-cuBLASLt throughput, ccfuse as a percentage of cuBLASLt, the
+  // engine's config (gemm::to_string), B's layout, the SM budget used and the GPU's SM count,
+  // and rel_err of the cuBLASLt result (it solves the same problem: checked too).
+  double tflops = -1, tflops_cublas = -1, pct_of_cublas = -1, rel_err_cublas = -1;
+  std::string config, b_layout, cublas_algo;
+  int sms = -1, gpu_sms = -1;
 };
 std::string to_json_line(const BenchRecord& r);
 
@@ -76,6 +89,12 @@ BenchRecord cpu_bench(const Options& options, std::ostream& log);
 int count_gpus();  // 0 without CUDA or without devices
 CheckResult gpu_check(const Options& options, std::ostream& log);
 BenchRecord gpu_bench(const Options& options, std::ostream& log);
+// --op gemm on one GPU (gpu_gemm_bench.cu; gpu_check/gpu_bench hand gemm to these). check: the
+// full output (or, past 2^34 multiply-adds, every element for NaN/poison and one row per
+// 128-row band against fp64); bench: ccfuse vs the best of cuBLASLt's heuristic algorithms.
+CheckResult gpu_gemm_check(const Options& options, std::ostream& log);
+BenchRecord gpu_gemm_bench(const Options& options, std::ostream& log);
+std::string gpu_gemm_config(const Options& options);  // "block=... stages=... sms=..." (no CUDA: throws)
 
 // The GPU side of the tool as three entry points. run_tool() passes the real ones (gpu_backend.cu,
 // or gpu_stub.cpp without CUDA); tests pass fakes to drive the backend selection on a host
@@ -84,6 +103,9 @@ struct GpuHooks {
   int (*count_gpus)() = nullptr;
   CheckResult (*check)(const Options&, std::ostream&) = nullptr;
   BenchRecord (*bench)(const Options&, std::ostream&) = nullptr;
+  // --op gemm --print-config: the engine's config for the resolved options (gemm::to_string of
+  // choose_config on the SM budget); null = print none.
+  std::string (*gemm_config)(const Options&) = nullptr;
 };
 int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                   const GpuHooks& gpu);
@@ -98,6 +120,7 @@ int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream&
 std::string usage();
 // The resolved options, one key=value per line (--print-config).
 std::string format_config(const Options& options);
+bool is_gemm(const Options& options);  // --op gemm: the single-GPU GEMM engine
 const char* backend_name(Backend b);  // "auto" | "cpu" | "gpu"
 
 // ‖out − ref‖/‖ref‖ bound of `check` (DESIGN §4 rule 6): bf16 1e-2; fp32 1e-6 up to a reduction

@@ -15,4 +15,6 @@ CheckResult gpu_check(const Options&, std::ostream&) { no_cuda(); }
 
 BenchRecord gpu_bench(const Options&, std::ostream&) { no_cuda(); }
 
+std::string gpu_gemm_config(const Options&) { no_cuda(); }
+
 }  // namespace ccfuse::tool

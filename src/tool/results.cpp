@@ -112,7 +112,10 @@ std::string check_line(const Options& o, const CheckResult& r) {
   std::ostringstream os;
   os << (r.pass ? "PASS" : "FAIL") << " op=" << o.op << " backend=" << backend_name(o.backend)
      << " world_size=" << o.world_size << " m=" << o.m << " n=" << o.n << " k=" << o.k
-     << " dtype=" << dtype_name(o.dtype) << " seed=" << (o.seed ? std::to_string(*o.seed) : "none")
+     << " dtype=" << dtype_name(o.dtype);
+  // gemm: what else a replay needs (B's layout picks another kernel path; the SM budget another grid).
+  if (is_gemm(o)) os << " b_layout=" << gemm::b_layout_name(o.b_layout) << " sms=" << o.sms;
+  os << " seed=" << (o.seed ? std::to_string(*o.seed) : "none")
      << " rel_err=" << number(r.rel_err, "%.3e") << " tol=" << number(r.tolerance, "%.0e");
   return os.str();
 }
@@ -130,7 +133,39 @@ double overlap_eff_of(const BenchRecord& r) {
   return (r.t_serial_ms - r.t_fused_ms) / room;
 }
 
+namespace {
+
+// The table of --op gemm: ccfuse against cuBLASLt; the TP metrics (serial, comm, overlap) do not apply.
+std::string format_gemm_table(const BenchRecord& r) {
+  const auto ms = [](double v) { return v < 0 ? std::string("-") : number(v, "%.4f"); };
+  const auto fixed = [](double v, const char* fmt) { return v < 0 ? std::string("-") : number(v, fmt); };
+  std::ostringstream os;
+  os << "bench " << r.op << " backend=" << r.backend << " gpu=" << r.gpu << " m=" << r.m << " n=" << r.n
+     << " k=" << r.k << " dtype=" << r.dtype << " b_layout=" << (r.b_layout.empty() ? "-" : r.b_layout)
+     << " sms=" << r.sms << "/" << r.gpu_sms << "\n";
+  const auto row = [&](const char* name, const std::string& value, const std::string& what) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "  %-14s %12s  %s", name, value.c_str(), what.c_str());
+    os << trim(buf) << "\n";
+  };
+  row("metric", "value", "");
+  row("t_fused", ms(r.t_fused_ms), "ms  ccfuse GEMM (" + r.config + ")");
+  row("t_gemm", ms(r.t_gemm_ms), "ms  best cuBLASLt algorithm" + (r.cublas_algo.empty() ? "" : " (" + r.cublas_algo + ")"));
+  row("tflops", fixed(r.tflops, "%.1f"), "TFLOP/s ccfuse");
+  row("tflops_cublas", fixed(r.tflops_cublas, "%.1f"), "TFLOP/s cuBLASLt");
+  row("pct_of_cublas", fixed(r.pct_of_cublas, "%.1f"), "% ccfuse / cuBLASLt throughput");
+  row("rel_err", std::isnan(r.rel_err) || r.rel_err >= 0 ? number(r.rel_err, "%.3e") : "-",
+      "||out - ref|| / ||ref|| (ccfuse)");
+  row("rel_err_cublas", std::isnan(r.rel_err_cublas) || r.rel_err_cublas >= 0 ? number(r.rel_err_cublas, "%.3e") : "-",
+      "||out - ref|| / ||ref|| (cuBLASLt)");
+  if (!r.notes.empty()) os << "  notes: " << r.notes << "\n";
+  return os.str();
+}
+
+}  // namespace
+
 std::string format_bench_table(const BenchRecord& r) {
+  if (r.op == "gemm") return format_gemm_table(r);
   const auto ms = [](double v) { return v < 0 ? std::string("-") : number(v, "%.4f"); };
   std::ostringstream os;
   os << "bench " << r.op << " backend=" << r.backend << " gpu=" << r.gpu << " world_size=" << r.world_size
@@ -211,7 +246,24 @@ std::string to_json_line(const BenchRecord& r) {
   const double e = overlap_eff_of(r);
   const std::string eff = std::isfinite(e) ? number(e, "%.6g") : "null";
   os << ",\"overlap_eff\":" << eff << ",\"backend\":" << json_quote(r.backend)
-     << ",\"command\":" << json_quote(r.command) << ",\"notes\":" << json_quote(r.notes) << "}";
+     << ",\"command\":" << json_quote(r.command) << ",\"notes\":" << json_quote(r.notes);
+  // Fields of --op gemm, written only when set (the TP records stay as they were).
+  const auto opt_number = [&](const char* key, double v) {
+    if (v >= 0 || std::isnan(v)) os << ",\"" << key << "\":" << json_number_or_null(v);
+  };
+  const auto opt_string = [&](const char* key, const std::string& v) {
+    if (!v.empty()) os << ",\"" << key << "\":" << json_quote(v);
+  };
+  opt_number("tflops", r.tflops);
+  opt_number("tflops_cublas", r.tflops_cublas);
+  opt_number("pct_of_cublas", r.pct_of_cublas);
+  opt_number("rel_err_cublas", r.rel_err_cublas);
+  opt_string("config", r.config);
+  opt_string("b_layout", r.b_layout);
+  opt_string("cublas_algo", r.cublas_algo);
+  if (r.sms >= 0) os << ",\"sms\":" << r.sms;
+  if (r.gpu_sms >= 0) os << ",\"gpu_sms\":" << r.gpu_sms;
+  os << "}";
   return os.str();
 }
 

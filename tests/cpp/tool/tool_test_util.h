@@ -105,13 +105,14 @@ inline std::vector<BadInput> bad_inputs() {
     return a;
   };
   const auto ok_sizes = with(ag, {"--m", "8", "--n", "8", "--k", "8"});
+  const std::vector<std::string> gemm = {"check", "--op", "gemm", "--m", "64", "--n", "32", "--k", "16"};
   return {
       {{}, 0, "no command given (try 'ccfuse --help')"},
       {{"x"}, 0, "unknown command 'x' (known: check, bench, help)"},
       {{"--op", "ag_gemm"}, 0, "no command given before '--op' (check or bench)"},
       {with(ag, {"--q", "1"}), 0, "unknown option '--q'"},
       {with(ag, {"stray"}), 0, "unexpected argument 'stray' (options start with --)"},
-      {{"check", "--op", "foo"}, 0, "unknown op 'foo' (known: ag_gemm, gemm_rs, gemm_ar)"},
+      {{"check", "--op", "foo"}, 0, "unknown op 'foo' (known: ag_gemm, gemm_rs, gemm_ar, gemm)"},
       {with(ag, {"--world-size", "3", "--m", "1000", "--n", "8", "--k", "8"}), 0,
        "--m 1000 is not divisible by --world-size 3"},
       {{"check", "--op", "gemm_rs", "--world-size", "3", "--m", "99", "--n", "8", "--k", "100"}, 0,
@@ -131,8 +132,8 @@ inline std::vector<BadInput> bad_inputs() {
        "--world-size 2 is larger than the 1 GPU present (--backend gpu)"},
       {with(ok_sizes, {"--backend", "gpu"}), 0, "--backend gpu needs at least 1 GPU; none found"},
       {with(ag, {"--backend", "tpu"}), 0, "--backend tpu is not supported (auto, cpu, gpu)"},
-      {with(ag, {"--dtype", "fp8"}), 0, "--dtype fp8 is not supported (fp32, bf16)"},
-      {with(ag, {"--dtype", "fp16"}), 0, "--dtype fp16 is not supported (fp32, bf16)"},
+      {with(ag, {"--dtype", "fp8"}), 0, "--dtype fp8 is not supported for --op ag_gemm (fp32, bf16)"},
+      {with(ag, {"--dtype", "fp16"}), 0, "--dtype fp16 is not supported for --op ag_gemm (fp32, bf16)"},
       {{"check", "--m", "8", "--n", "8", "--k", "8"}, 0, "--op is required"},
       {with(ag, {"--n", "8", "--k", "8"}), 0, "--m is required"},
       {with(ag, {"--m", "8", "--k", "8"}), 0, "--n is required"},
@@ -159,6 +160,19 @@ inline std::vector<BadInput> bad_inputs() {
       {{"check", "--op", "gemm_ar", "--m", "65536", "--n", "65536", "--k", "2"}, 0,
        "--m 65536 --n 65536 --k 2 is too large for the CPU reference world at --world-size 2 (limits: "
        "2^36 multiply-adds, 2^27 matrix elements; use smaller sizes or --backend gpu)"},
+      // --op gemm: one GPU, GPU backend only, its own dtypes and options.
+      {with(gemm, {"--b-layout", "xy"}), 1, "--b-layout xy is not supported (nk: B is [N, K]; kn: B is [K, N])"},
+      {with(gemm, {"--sms", "-1"}), 1, "--sms -1 must be at least 0 (0 = every SM)"},
+      {with(gemm, {"--sms", "many"}), 1, "--sms many is not an integer"},
+      {with(gemm, {"--dtype", "fp32"}), 1, "--dtype fp32 is not supported for --op gemm (bf16, fp16)"},
+      {with(gemm, {"--backend", "cpu"}), 1, "--op gemm needs the GPU backend (no CPU reference world version)"},
+      {with(gemm, {"--world-size", "2"}), 2, "--world-size 2 is not allowed for --op gemm (single GPU)"},
+      {with(gemm, {}), 0, "--op gemm needs the GPU backend (no CPU reference world version); no GPU found"},
+      {with(gemm, {"--backend", "gpu"}), 0, "--backend gpu needs at least 1 GPU; none found"},
+      {with(ok_sizes, {"--sms", "8"}), 2, "--sms applies to --op gemm only"},
+      {with(ok_sizes, {"--b-layout", "kn"}), 2, "--b-layout applies to --op gemm only"},
+      {{"bench", "--op", "gemm_rs", "--m", "8", "--n", "8", "--k", "8", "--dtype", "fp16"}, 2,
+       "--dtype fp16 is not supported for --op gemm_rs (fp32, bf16)"},
   };
 }
 

@@ -1,0 +1,83 @@
+// ccfuse/gemm/gemm.h: the Hopper GEMM engine, host API (no CUDA headers needed).
+//
+//   C [M, N] = A [M, K] @ B        A row-major (K contiguous)
+//   B is [K, N] row-major (BLayout::kKN) or [N, K] row-major (BLayout::kNK, a torch Linear weight)
+//   C row-major, same dtype as A and B (bf16 or fp16), fp32 accumulation.
+//
+// Problem descriptor -> validated, printable config -> launch (DESIGN §4 rule 2). The fused ops
+// use the same kernel through its device template (ccfuse/gemm/sm90_gemm.cuh) with their own
+// tile scheduler (ready predicate) and epilogue (peer stores, notify).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ccfuse/common/dtype.h"
+
+namespace ccfuse::gemm {
+
+enum class BLayout { kKN, kNK };
+inline const char* b_layout_name(BLayout b) { return b == BLayout::kKN ? "kn" : "nk"; }
+
+// Order in which a persistent CTA takes output tiles.
+enum class TileOrder {
+  kRowMajor,     // m outer, n inner, in groups of `group_m` row tiles (L2 reuse of B)
+  kColumnMajor,  // n outer (used across a group list by MoE layer 1)
+};
+
+struct GemmDesc {
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::kBFloat16;
+  BLayout b_layout = BLayout::kKN;
+  // Leading dimensions in elements; 0 = packed (k for A, n or k for B, n for C).
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  bool layout_is_nk() const { return b_layout == BLayout::kNK; }
+};
+
+struct GemmConfig {
+  int block_m = 128;
+  int block_n = 256;
+  int block_k = 64;
+  int stages = 4;
+  int num_sms = 0;  // CTAs of the persistent grid; 0 = every SM. An SM budget leaves the rest free.
+  TileOrder order = TileOrder::kRowMajor;
+  int group_m = 8;
+};
+
+// Throws InvalidArgument naming the argument and the rule: positive sizes; dtype bf16 or fp16;
+// TMA needs 16-byte aligned rows (k, and n for kKN B, multiples of 8 elements for 16-bit types)
+// and leading dimensions; a tile shape the engine was built for.
+void validate(const GemmDesc& desc, const GemmConfig& config);
+
+// The engine's choice for a problem on `num_sms` SMs (tile shape by size, SM budget kept).
+GemmConfig choose_config(const GemmDesc& desc, int num_sms);
+
+// "block=128x256x64 stages=4 sms=132 order=row group_m=8"
+std::string to_string(const GemmConfig& config);
+
+// Runs C = A @ B on `stream`. Pointers must be 16-byte aligned (checked).
+void run(const GemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c, void* stream);
+
+// Tiles of the problem for a config, and the (m_tile, n_tile) of linear tile index `idx` in the
+// config's order: host copies of the device scheduler's math, for tests and tools.
+int64_t num_tiles(const GemmDesc& desc, const GemmConfig& config);
+void tile_coord(const GemmDesc& desc, const GemmConfig& config, int64_t idx, int64_t* m_tile, int64_t* n_tile);
+
+// Grouped GEMM (MoE experts): for g in [0, num_groups), rows [off_g, off_g + rows_g) of C =
+// the same rows of A @ B_g, where rows_g comes from device memory (no host sync, CUDA-graph
+// capturable) and off_g is its prefix sum. A and C hold `max_rows` rows (the bound on the total);
+// B is [num_groups, K, N] (kKN) or [num_groups, N, K] (kNK), contiguous per group. Rows past
+// max_rows are dropped; their count goes to `overflow` (device int) when it is not null.
+struct GroupedGemmDesc {
+  int num_groups = 0;
+  int64_t max_rows = 0, n = 0, k = 0;
+  DType dtype = DType::kBFloat16;
+  BLayout b_layout = BLayout::kKN;
+};
+void validate(const GroupedGemmDesc& desc, const GemmConfig& config);
+GemmConfig choose_config(const GroupedGemmDesc& desc, int num_sms);
+size_t grouped_workspace_bytes(const GroupedGemmDesc& desc);
+void grouped_run(const GroupedGemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c,
+                 const int* group_rows, void* workspace, int* overflow, void* stream);
+
+}  // namespace ccfuse::gemm

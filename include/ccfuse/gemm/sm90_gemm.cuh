@@ -1,0 +1,349 @@
+// ccfuse/gemm/sm90_gemm.cuh: the persistent, warp-specialised Hopper GEMM (device template).
+//
+// C [M, N] = A [M, K] @ B, A K-major; B K-major ([N, K] storage) or N-major ([K, N] storage).
+// One CTA = 3 warpgroups on one SM:
+//   WG0  producer: one thread walks the CTA's tiles in the Schedule's order, waits on the
+//        Schedule's ready predicate for a tile (a remote signal in the fused ops; nothing in the
+//        plain GEMM), then issues TMA loads of A and B k-blocks into a kStages-deep ring of
+//        shared-memory buffers, each guarded by a "full" and an "empty" mbarrier.
+//   WG1, WG2  consumers: each owns kBlockM/2 rows of the tile and issues wgmma (fp32
+//        accumulators in registers), keeping one wgmma batch in flight and releasing a stage as
+//        soon as the batch that read it has completed; then runs the Epilogue on its rows.
+// The grid is persistent (one CTA per SM of the budget), so the producer prefetches the next
+// tile's k-blocks while the consumers run the epilogue of the current one.
+//
+// Hooks (zero cost when unused: empty structs and `if constexpr`):
+//   Schedule::num_tiles() (device), Schedule::max_tiles() (host bound, sizes the grid),
+//     Schedule::work(idx) -> TileWork (tile, group, row range), Schedule::kHasReady and
+//     Schedule::wait_ready(work) (producer thread; false = watchdog fired)
+//   Epilogue::kHasNotify and Epilogue::notify(work) after a tile's stores are visible.
+// A grouped GEMM (MoE experts) is a Schedule whose tiles carry a group index (the batch of B)
+// and a row range of the concatenated A/C; the kernel is the same.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// cute/tensor.hpp first: the atom headers rely on what it declares.
+#include <cute/tensor.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+
+#include "ccfuse/common/error.h"
+#include "ccfuse/gemm/tile_order.h"
+
+namespace ccfuse::gemm::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_>
+struct Traits {
+  using Element = Element_;
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
+  static constexpr bool kBNK = kBNK_;  // B stored [N, K] (K-major); else [K, N] (N-major)
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static_assert(kBlockK * sizeof(Element) == 128, "one 128-byte swizzle atom along K");
+
+  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             make_shape(Int<kBlockM>{}, Int<kBlockK>{}, Int<kStages>{})));
+  using SmemAtomB = conditional_t<kBNK, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_MN_SW128_Atom<Element>>;
+  // N-major B: tile the 64x8 swizzle atoms along K first, so that each 64-column slab of a
+  // stage is one contiguous 64x64 block (one TMA box); N-first tiling cut every stage into
+  // 8-row boxes and ran at 2/3 of the K-major speed (measured 519 vs 756 TFLOP/s).
+  using SmemOrderB = conditional_t<kBNK, Step<_1, _2, _3>, Step<_2, _1, _3>>;
+  using SmemLayoutB = decltype(tile_to_shape(SmemAtomB{}, make_shape(Int<kBlockN>{}, Int<kBlockK>{}, Int<kStages>{}),
+                                             SmemOrderB{}));
+  static constexpr GMMA::Major kMajorB = kBNK ? GMMA::Major::K : GMMA::Major::MN;
+  using MmaOp = decltype(GMMA::ss_op_selector<Element, Element, float,
+                                              Shape<Int<kBlockM / kConsumerWGs>, Int<kBlockN>, Int<kBlockK>>,
+                                              GMMA::Major::K, kMajorB>());
+  // Two consumer warpgroups stacked along M.
+  using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+
+  struct SharedStorage {
+    alignas(1024) Element a[cosize_v<SmemLayoutA>];  // 128-byte swizzle wants 1 KiB alignment
+    alignas(1024) Element b[cosize_v<SmemLayoutB>];
+    alignas(8) uint64_t full[kStages];
+    alignas(8) uint64_t empty[kStages];
+  };
+  static constexpr uint32_t kStageBytes = uint32_t((kBlockM + kBlockN) * kBlockK * sizeof(Element));
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+
+  // Global views that the TMA descriptors are built from (host side). B is (N, K, groups).
+  static auto gmem_a(const Element* a, int64_t m, int64_t k, int64_t lda) {
+    return make_tensor(make_gmem_ptr(a), make_shape(int(m), int(k)), make_stride(lda, _1{}));
+  }
+  static auto gmem_b(const Element* b, int64_t n, int64_t k, int64_t ldb, int groups, int64_t group_stride) {
+    if constexpr (kBNK)
+      return make_tensor(make_gmem_ptr(b), make_shape(int(n), int(k), groups), make_stride(ldb, _1{}, group_stride));
+    else
+      return make_tensor(make_gmem_ptr(b), make_shape(int(n), int(k), groups), make_stride(_1{}, ldb, group_stride));
+  }
+  using TmaA = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0)));
+  using TmaB = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_b(nullptr, 1, 1, 1, 1, 1), SmemLayoutB{}(_, _, 0)));
+};
+
+// The plain schedule: all tiles of one problem, grouped row-major or column-major.
+struct PlainSchedule {
+  int m_tiles = 0, n_tiles = 0, group_m = 8;
+  bool col_major = false;
+  int block_m = 128;
+  int64_t m = 0;
+  static constexpr bool kHasReady = false;
+  CCFUSE_HD int64_t num_tiles() const { return int64_t(m_tiles) * n_tiles; }
+  int64_t max_tiles() const { return num_tiles(); }
+  CCFUSE_HD TileCoord coord(int64_t idx) const {
+    return col_major ? column_major(idx, m_tiles) : grouped_row_major(idx, m_tiles, n_tiles, group_m);
+  }
+  CCFUSE_HD TileWork work(int64_t idx) const {
+    const TileCoord c = coord(idx);
+    return TileWork{c.m_tile, c.n_tile, 0, int64_t(c.m_tile) * block_m, m};
+  }
+  __device__ bool wait_ready(const TileWork&) { return true; }
+};
+
+// Grouped problems sharing N and K (MoE experts): group g owns rows [row_prefix[g],
+// row_prefix[g + 1]) of the concatenated A and C and batch g of B. The prefix arrays live in
+// device memory (filled by grouped_prefix_kernel from per-group row counts, no host sync).
+// Inside a group, tiles go grouped-row-major as in PlainSchedule.
+struct GroupedSchedule {
+  const int* tile_prefix = nullptr;       // [num_groups + 1]
+  const int64_t* row_prefix = nullptr;    // [num_groups + 1]
+  int num_groups = 0, n_tiles = 0, block_m = 128, group_m = 8;
+  int64_t tile_bound = 0;                 // host: most tiles any routing can produce
+  static constexpr bool kHasReady = false;
+  __device__ int64_t num_tiles() const { return tile_prefix[num_groups]; }
+  int64_t max_tiles() const { return tile_bound; }
+  __device__ TileWork work(int64_t idx) const {
+    int lo = 0, hi = num_groups;  // largest g with tile_prefix[g] <= idx (empty groups skipped)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (tile_prefix[mid] <= idx) lo = mid;
+      else hi = mid;
+    }
+    const int m_tiles = (tile_prefix[lo + 1] - tile_prefix[lo]) / n_tiles;
+    const TileCoord c = grouped_row_major(idx - tile_prefix[lo], m_tiles, n_tiles, group_m);
+    const int64_t r0 = row_prefix[lo];
+    return TileWork{c.m_tile, c.n_tile, lo, r0 + int64_t(c.m_tile) * block_m, row_prefix[lo + 1]};
+  }
+  __device__ bool wait_ready(const TileWork&) { return true; }
+};
+
+
+// The plain epilogue: store to C, nothing to notify.
+struct PlainEpilogue {
+  static constexpr bool kHasNotify = false;
+  __device__ void notify(const TileWork&) const {}
+};
+
+template <class Element>
+struct Params {
+  int m, n, k;  // m: rows of A and C (all groups)
+  int num_groups;
+  Element* c;
+  int64_t ldc;
+};
+
+// Stores a consumer warpgroup's accumulators to C [M, N] (row-major, ldc), rounding to Element.
+// Pairs of adjacent columns go out as one 32-bit store where the pair is inside the matrix.
+template <class Traits, class Accum, class ThrMma>
+__device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Accum& accum,
+                                           const ThrMma& thr, const TileWork& w) {
+  using Element = typename Traits::Element;
+  using TileMN = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
+  // Rows counted from the tile's first row; rows at or past row_end belong to another group.
+  const int rows = int(min_i64(w.row_end, p.m) - w.row0);
+  Tensor mC = make_tensor(make_gmem_ptr(p.c + w.row0 * p.ldc), make_shape(rows, p.n), make_stride(p.ldc, _1{}));
+  Tensor gC = local_tile(mC, TileMN{}, make_coord(0, w.n_tile));
+  Tensor cC = local_tile(make_identity_tensor(make_shape(rows, p.n)), TileMN{}, make_coord(0, w.n_tile));
+  Tensor tCgC = thr.partition_C(gC);
+  Tensor tCcC = thr.partition_C(cC);
+  static_assert(decltype(size(accum))::value % 2 == 0, "accumulators come in column pairs");
+  // 32-bit pair stores need every row to start 4-byte aligned (C itself is 16-byte aligned).
+  const bool pairs = (p.ldc & 1) == 0;
+  CUTE_UNROLL
+  for (int i = 0; i < size(accum); i += 2) {
+    const auto c0 = tCcC(i);
+    const int row = get<0>(c0), col = get<1>(c0);
+    if (row >= rows) continue;
+    if (pairs && col + 1 < p.n) {
+      // NOTE: elements i and i + 1 of a wgmma accumulator fragment are adjacent columns.
+      Element* dst = &tCgC(i);
+      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(accum(i), accum(i + 1));
+      } else {
+        *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(accum(i), accum(i + 1));
+      }
+    } else {
+      if (col < p.n) tCgC(i) = Element(accum(i));
+      if (col + 1 < p.n) tCgC(i + 1) = Element(accum(i + 1));
+    }
+  }
+}
+
+template <class Traits, class Schedule, class Epilogue>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
+                CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a,
+                CUTE_GRID_CONSTANT const typename Traits::TmaB tma_b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Element = typename Traits::Element;
+  using Storage = typename Traits::SharedStorage;
+  using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+  constexpr int kStages = Traits::kStages;
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+  auto* full = reinterpret_cast<FullBarrier*>(ss.full);
+  auto* empty = reinterpret_cast<EmptyBarrier*>(ss.empty);
+
+  const int warp_group = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      full[s].init(1);                             // the producer's arrive_and_expect_tx
+      empty[s].init(128 * Traits::kConsumerWGs);   // every consumer thread releases
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sA = make_tensor(make_smem_ptr(ss.a), typename Traits::SmemLayoutA{});  // (BM, BK, stages)
+  Tensor sB = make_tensor(make_smem_ptr(ss.b), typename Traits::SmemLayoutB{});  // (BN, BK, stages)
+  const int k_tiles = (p.k + Traits::kBlockK - 1) / Traits::kBlockK;
+  const int64_t num_tiles = sched.num_tiles();
+
+  if (warp_group == 0) {
+    // ---------------- producer ----------------
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0) {
+      Schedule producer_sched = sched;  // the producer's own copy: ready schedules cache state in it
+      Tensor mA = tma_a.get_tma_tensor(make_shape(p.m, p.k));
+      Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        const TileWork w = sched.work(t);
+        if constexpr (Schedule::kHasReady) {
+          // On a watchdog timeout wait_ready returns false and we load the tile anyway: the
+          // consumers must not hang on a stage that never fills; the output is garbage and the
+          // host raises the TimeoutError.
+          // wait_ready also issues fence.proxy.async.global after a band's acquire: the rows were
+          // written through the generic proxy (by another GPU or stream), TMA reads through the
+          // async proxy.
+          (void)producer_sched.wait_ready(w);
+        }
+        // A from the tile's first row (any row: groups start anywhere); B of the tile's group.
+        Tensor gA = local_tile(domain_offset(make_coord(int(w.row0), 0), mA), Shape<Int<Traits::kBlockM>, Int<Traits::kBlockK>>{},
+                               make_coord(0, _));
+        Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
+                               make_coord(w.n_tile, _));
+        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+        auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+        for (int kb = 0; kb < k_tiles; ++kb) {
+          empty[stage].wait(phase ^ 1);
+          full[stage].arrive_and_expect_tx(Traits::kStageBytes);
+          copy(tma_a.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
+          copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage])), tBgB(_, kb), tBsB(_, stage));
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    typename Traits::TiledMma mma;
+    const int consumer_idx = threadIdx.x - 128;
+    auto thr = mma.get_thread_slice(consumer_idx);
+    Tensor tCsA = thr.partition_A(sA);  // (MMA, MMA_M, MMA_K, stages)
+    Tensor tCsB = thr.partition_B(sB);
+    Tensor tCrA = thr.make_fragment_A(tCsA);  // smem descriptors
+    Tensor tCrB = thr.make_fragment_B(tCsB);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const TileWork w = sched.work(t);
+      Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
+      mma.accumulate_ = GMMA::ScaleOut::Zero;
+      int prev_stage = -1;
+      for (int kb = 0; kb < k_tiles; ++kb) {
+        full[stage].wait(phase);
+        warpgroup_fence_operand(accum);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kk = 0; kk < size<2>(tCrA); ++kk) {
+          cute::gemm(mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), accum);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        // Keep this batch in flight; the previous one has finished reading its stage.
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(accum);
+        if (prev_stage >= 0) empty[prev_stage].arrive();
+        prev_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accum);
+      if (prev_stage >= 0) empty[prev_stage].arrive();
+      store_tile<Traits>(p, accum, thr, w);
+      if constexpr (Epilogue::kHasNotify) {
+        // Every consumer thread's stores happen-before the notify of the tile.
+        asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
+        if (consumer_idx == 0) epi.notify(w);
+      }
+    }
+  }
+#endif
+}
+
+// The schedule of a plain problem for a config (tile counts, order).
+inline PlainSchedule plain_schedule(int64_t m, int64_t n, int block_m, int block_n, int group_m, bool col_major) {
+  PlainSchedule s;
+  s.block_m = block_m;
+  s.m = m;
+  s.m_tiles = int((m + block_m - 1) / block_m);
+  s.n_tiles = int((n + block_n - 1) / block_n);
+  s.group_m = group_m;
+  s.col_major = col_major;
+  return s;
+}
+
+// Launches the kernel for one Traits instantiation with any Schedule/Epilogue on `grid_sms` CTAs
+// (at most one per tile). A, B: global pointers laid out as Traits expects; C row-major (ldc).
+// Host only; validation is the caller's (ccfuse::gemm::validate).
+// For grouped problems `m` is the row capacity of A and C and B holds `groups` batches of
+// `group_stride` elements; plain problems pass groups = 1.
+template <class Traits, class Schedule, class Epilogue>
+void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
+                 int64_t ldc, const Schedule& sched, const Epilogue& epi, int grid_sms, cudaStream_t stream,
+                 int groups = 1, int64_t group_stride = 0) {
+  using E = typename Traits::Element;
+  auto tma_a = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
+                             typename Traits::SmemLayoutA{}(_, _, 0));
+  auto tma_b = make_tma_copy(SM90_TMA_LOAD{},
+                             Traits::gmem_b(static_cast<const E*>(b), n, k, ldb, groups, group_stride ? group_stride : n * k),
+                             typename Traits::SmemLayoutB{}(_, _, 0));
+  Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
+  auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
+  if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaFuncSetAttribute: ", cudaGetErrorString(err)));
+  const int64_t tiles = sched.max_tiles();
+  const int grid = int(tiles < grid_sms ? tiles : grid_sms);
+  if (grid <= 0) return;
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) throw Error(detail::str_cat("gemm: launch failed: ", cudaGetErrorString(err)));
+}
+
+}  // namespace ccfuse::gemm::sm90

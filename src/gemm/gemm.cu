@@ -1,0 +1,235 @@
+// Host side of the GEMM engine: validation, config choice, TMA descriptors, launch.
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/gemm/gemm.h"
+#include "ccfuse/gemm/sm90_gemm.cuh"
+
+namespace ccfuse::gemm {
+
+namespace {
+
+// One thread: prefix sums of rows and tiles per group; rows past `max_rows` are dropped (and
+// counted in *overflow) so that no tile reads or writes past the buffers.
+__global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int n_tiles, int block_m,
+                                      int64_t max_rows, int* tile_prefix, int64_t* row_prefix, int* overflow) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  int64_t rows = 0;
+  int tiles = 0;
+  int dropped = 0;
+  for (int g = 0; g < num_groups; ++g) {
+    row_prefix[g] = rows;
+    tile_prefix[g] = tiles;
+    int r = group_rows[g] < 0 ? 0 : group_rows[g];
+    if (rows + r > max_rows) {
+      dropped += int(rows + r - max_rows);
+      r = int(max_rows - rows);
+    }
+    rows += r;
+    tiles += ((r + block_m - 1) / block_m) * n_tiles;
+  }
+  row_prefix[num_groups] = rows;
+  tile_prefix[num_groups] = tiles;
+  if (overflow) *overflow = dropped;
+}
+
+int device_sms() {
+  int dev = 0, sms = 0;
+  CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
+  CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+int64_t lda_of(const GemmDesc& d) { return d.lda ? d.lda : d.k; }
+int64_t ldb_of(const GemmDesc& d) { return d.ldb ? d.ldb : (d.b_layout == BLayout::kKN ? d.n : d.k); }
+int64_t ldc_of(const GemmDesc& d) { return d.ldc ? d.ldc : d.n; }
+
+// The tile shapes the engine is built for: (block_m, block_n, block_k, stages).
+struct TileShape {
+  int block_m, block_n, block_k, stages;
+};
+constexpr TileShape kTileShapes[] = {{128, 256, 64, 4}, {128, 128, 64, 6}};
+
+template <class Traits>
+void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
+  const auto sched = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
+                                          cfg.order == TileOrder::kColumnMajor);
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : device_sms();
+  sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{}, sms,
+                            stream);
+}
+
+template <class Traits>
+void launch_grouped(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                    const int* group_rows, void* workspace, int* overflow, cudaStream_t stream) {
+  sm90::GroupedSchedule sched;
+  sched.num_groups = d.num_groups;
+  sched.n_tiles = int(ceil_div(d.n, cfg.block_n));
+  sched.block_m = cfg.block_m;
+  sched.group_m = cfg.group_m;
+  sched.tile_bound = (ceil_div(d.max_rows, cfg.block_m) + d.num_groups) * sched.n_tiles;
+  auto* row_prefix = static_cast<int64_t*>(workspace);
+  auto* tile_prefix = reinterpret_cast<int*>(row_prefix + d.num_groups + 1);
+  sched.row_prefix = row_prefix;
+  sched.tile_prefix = tile_prefix;
+  grouped_prefix_kernel<<<1, 32, 0, stream>>>(group_rows, d.num_groups, sched.n_tiles, cfg.block_m, d.max_rows,
+                                              tile_prefix, row_prefix, overflow);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : device_sms();
+  const int64_t ldb = d.b_layout == BLayout::kKN ? d.n : d.k;
+  sm90::launch_gemm<Traits>(d.max_rows, d.n, d.k, a, d.k, b, ldb, c, d.n, sched, sm90::PlainEpilogue{}, sms, stream,
+                            d.num_groups, d.n * d.k);
+}
+
+template <class E, int BM, int BN, int BK, int S>
+void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                    const int* rows, void* ws, int* overflow, cudaStream_t s) {
+  if (d.b_layout == BLayout::kNK) launch_grouped<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, rows, ws, overflow, s);
+  else launch_grouped<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, rows, ws, overflow, s);
+}
+
+template <class E, int BM, int BN, int BK, int S>
+void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
+  if (d.b_layout == BLayout::kNK) launch<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, s);
+  else launch<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, s);
+}
+
+template <class E>
+void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
+  if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
+  else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
+}
+
+}  // namespace
+
+void validate(const GemmDesc& d, const GemmConfig& cfg) {
+  CCFUSE_ARG_CHECK(d.m > 0, "m ", d.m, " must be positive");
+  CCFUSE_ARG_CHECK(d.n > 0, "n ", d.n, " must be positive");
+  CCFUSE_ARG_CHECK(d.k > 0, "k ", d.k, " must be positive");
+  constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
+  CCFUSE_ARG_CHECK(d.m <= kMaxDim && d.n <= kMaxDim && d.k <= kMaxDim,
+                   "m, n, k must each be below 2^31 (TMA coordinates are 32-bit)");
+  CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "dtype ", dtype_name(d.dtype),
+                   " is not supported by the GEMM engine (bf16, fp16)");
+  // TMA: every global stride but the innermost must be a multiple of 16 bytes.
+  const int64_t align = 16 / dtype_size(d.dtype);
+  const int64_t lda = lda_of(d), ldb = ldb_of(d), ldc = ldc_of(d);
+  CCFUSE_ARG_CHECK(lda >= d.k, "lda ", lda, " must be at least k ", d.k);
+  CCFUSE_ARG_CHECK(lda % align == 0, d.lda ? "lda " : "k ", lda, " must be a multiple of ", align, " for ",
+                   dtype_name(d.dtype), " (TMA needs 16-byte aligned rows of A)");
+  const int64_t b_row = d.b_layout == BLayout::kKN ? d.n : d.k;
+  CCFUSE_ARG_CHECK(ldb >= b_row, "ldb ", ldb, " must be at least ", b_row);
+  CCFUSE_ARG_CHECK(ldb % align == 0, d.ldb ? "ldb " : (d.b_layout == BLayout::kKN ? "n " : "k "), ldb,
+                   " must be a multiple of ", align, " for ", dtype_name(d.dtype), " (TMA needs 16-byte aligned rows of B [",
+                   d.b_layout == BLayout::kKN ? "K, N" : "N, K", "])");
+  CCFUSE_ARG_CHECK(ldc >= d.n, "ldc ", ldc, " must be at least n ", d.n);
+  bool known = false;
+  for (const auto& t : kTileShapes)
+    known |= t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
+  CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
+                   " stages is not built (built: 128x256x64/4, 128x128x64/6)");
+  CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
+  CCFUSE_ARG_CHECK(cfg.group_m >= 1, "group_m ", cfg.group_m, " must be at least 1");
+}
+
+GemmConfig choose_config(const GemmDesc& d, int num_sms) {
+  // Wave quantisation model: a persistent grid of `sms` CTAs runs ceil(tiles / sms) waves; the
+  // last one may be partly empty. 128x256 tiles run ~8 % faster per FLOP than 128x128 (more
+  // reuse per byte of shared memory), so prefer them unless their waves waste more than that.
+  const int sms = num_sms > 0 ? num_sms : device_sms();
+  GemmConfig best;
+  double best_score = -1;
+  for (const auto& t : kTileShapes) {
+    const double tiles = double(ceil_div(d.m, t.block_m) * ceil_div(d.n, t.block_n));
+    const double waves = std::ceil(tiles / sms);
+    const double fill = tiles / (waves * sms);
+    const double tile_eff = t.block_n == 256 ? 1.0 : 0.92;
+    const double score = fill * tile_eff;
+    if (score > best_score + 1e-9) {
+      best_score = score;
+      best.block_m = t.block_m;
+      best.block_n = t.block_n;
+      best.block_k = t.block_k;
+      best.stages = t.stages;
+    }
+  }
+  best.num_sms = sms;
+  return best;
+}
+
+std::string to_string(const GemmConfig& c) {
+  std::ostringstream os;
+  os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
+     << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m;
+  return os.str();
+}
+
+int64_t num_tiles(const GemmDesc& d, const GemmConfig& c) {
+  return ceil_div(d.m, c.block_m) * ceil_div(d.n, c.block_n);
+}
+
+void tile_coord(const GemmDesc& d, const GemmConfig& c, int64_t idx, int64_t* m_tile, int64_t* n_tile) {
+  const int mt = int(ceil_div(d.m, c.block_m)), nt = int(ceil_div(d.n, c.block_n));
+  const TileCoord t = c.order == TileOrder::kRowMajor ? grouped_row_major(idx, mt, nt, c.group_m) : column_major(idx, mt);
+  *m_tile = t.m_tile;
+  *n_tile = t.n_tile;
+}
+
+void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* stream) {
+  validate(d, cfg);
+  for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
+    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+  auto s = static_cast<cudaStream_t>(stream);
+  if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, s);
+  else launch_dtype<cutlass::half_t>(d, cfg, a, b, c, s);
+}
+
+namespace {
+GemmDesc as_plain(const GroupedGemmDesc& d) {
+  GemmDesc p;
+  p.m = d.max_rows;
+  p.n = d.n;
+  p.k = d.k;
+  p.dtype = d.dtype;
+  p.b_layout = d.b_layout;
+  return p;
+}
+}  // namespace
+
+void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
+  CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
+  CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
+  validate(as_plain(d), cfg);
+}
+
+GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms) {
+  // Expected rows per group decide the tile: many small groups waste less with 128x128.
+  GemmDesc p = as_plain(d);
+  return choose_config(p, num_sms);
+}
+
+size_t grouped_workspace_bytes(const GroupedGemmDesc& d) {
+  return size_t(d.num_groups + 1) * (sizeof(int64_t) + sizeof(int)) + 16;
+}
+
+void grouped_run(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                 const int* group_rows, void* workspace, int* overflow, void* stream) {
+  validate(d, cfg);
+  CCFUSE_ARG_CHECK(group_rows != nullptr, "group_rows must point to num_groups ints in device memory");
+  CCFUSE_ARG_CHECK(workspace != nullptr, "workspace must hold grouped_workspace_bytes(desc) bytes of device memory");
+  for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
+    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+  auto s = static_cast<cudaStream_t>(stream);
+  if (d.dtype == DType::kBFloat16) {
+    if (cfg.block_n == 256) grouped_layout<cutlass::bfloat16_t, 128, 256, 64, 4>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
+    else grouped_layout<cutlass::bfloat16_t, 128, 128, 64, 6>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
+  } else {
+    if (cfg.block_n == 256) grouped_layout<cutlass::half_t, 128, 256, 64, 4>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
+    else grouped_layout<cutlass::half_t, 128, 128, 64, 6>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
+  }
+}
+
+}  // namespace ccfuse::gemm

@@ -1,0 +1,704 @@
+// src/tool/gpu_gemm_bench.cu: `ccfuse check|bench --op gemm`, the Hopper GEMM engine on one GPU
+// (device 0), against an fp64 host reference and against cuBLASLt.
+//
+//   C [M, N] = A [M, K] @ B,  B [N, K] (--b-layout nk, default) or [K, N] (kn), bf16 or fp16,
+//   fp32 accumulation; the engine's config is gemm::choose_config(desc, SM budget).
+//
+// check: inputs from fill_uniform (seed, rank 0, A = 0 / B = 1) rounded to the dtype, C poisoned
+//   with 0xFF bytes (NaN in bf16 and fp16), one run, then every element must be finite and
+//   ‖C − ref‖/‖ref‖ over the compared rows within tolerance_for(dtype). All rows are compared up to
+//   kFullCheckMacs multiply-adds; past it one random row per 128-row band plus the last row (the
+//   full scan for NaN/poison still covers every element).
+// bench: the same inputs copied into enough buffer sets that rotating through them streams more
+//   than 4x the 60 MB L2; CUDA events around every run, the runs queued back to back behind a
+//   stream hold (so that host launch cost never shows as GPU time), warm-up, median of --iters:
+//   (a) ccfuse with its config; (b) cuBLASLt on exactly the same problem (row-major C = A B as
+//   column-major C^T = op(B)^T A^T): each of up to kMaxCublasAlgos heuristic algorithms timed over
+//   a few runs first, then the best one timed like (a), right after (a). Both results are checked
+//   on sampled rows against fp64 (rel_err, rel_err_cublas) and scanned whole for NaN/poison; a
+//   wrong cuBLASLt result is an error (exit 3), not a baseline.
+// NOTE: with an SM budget (--sms N below the GPU's count), cuBLASLt gets the same number as its
+//   SM_COUNT_TARGET: a heuristic hint for kernels sharing the GPU, not a hard limit.
+#include <cublasLt.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/error.h"
+#include "ccfuse/gemm/gemm.h"
+#include "src/tool/cli.h"
+
+#define CCFUSE_CUBLASLT_CHECK(expr)                                                                \
+  do {                                                                                             \
+    cublasStatus_t st_ = (expr);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      ::ccfuse::detail::throw_check_failure(                                                       \
+          __FILE__, __LINE__, #expr,                                                               \
+          ::ccfuse::detail::str_cat("cuBLASLt error ", int(st_), ": ", cublasLtGetStatusString(st_))); \
+  } while (0)
+
+namespace ccfuse::tool {
+
+namespace {
+
+using detail::str_cat;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kDevice = 0;
+// Rotated input sets stream at least this much per pass: > 4x the H200's 60 MB L2.
+constexpr size_t kRotateBytes = size_t(256) << 20;
+constexpr int kMaxSets = 64;
+constexpr size_t kCublasWorkspace = size_t(64) << 20;
+// cuBLASLt heuristic algorithms tried (the first ones are its own favourites), each over a few runs.
+constexpr int kMaxCublasAlgos = 16;
+constexpr int kAlgoWarmup = 0, kAlgoRuns = 3;  // after median_ms's own first (loading) run
+// check compares every row up to this many multiply-adds (a second or two on the host's cores).
+constexpr double kFullCheckMacs = 17179869184.0;  // 2^34
+constexpr int kBandRows = 128;
+// bench: output rows compared with fp64 (random ones and the last, which holds any partial tile).
+constexpr int kBenchSampleRows = 4;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- host side: 16-bit values, inputs, the fp64 reference -----------------------------------
+
+uint16_t encode(float f, DType t) {
+  if (t == DType::kBFloat16) return bf16::from_float(f).bits;
+  const __half_raw r = __float2half_rn(f);
+  return r.x;
+}
+
+// 16-bit pattern -> float, for both types (fp16 through a table: the reference reads a lot).
+struct Decoder {
+  DType type;
+  std::vector<float> fp16_table;
+  explicit Decoder(DType t) : type(t) {
+    if (t != DType::kFloat16) return;
+    fp16_table.resize(65536);
+    for (uint32_t b = 0; b < 65536; ++b) {
+      __half_raw r;
+      r.x = uint16_t(b);
+      fp16_table[b] = __half2float(__half(r));
+    }
+  }
+  float operator()(uint16_t bits) const {
+    return type == DType::kBFloat16 ? bf16{bits}.to_float() : fp16_table[bits];
+  }
+};
+
+int host_threads() { return int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 64u)); }
+
+// Runs fn(begin, end) over [0, count) in contiguous parts, one per thread.
+template <class F>
+void parallel_for(size_t count, F&& fn) {
+  const size_t parts = std::min<size_t>(size_t(host_threads()), std::max<size_t>(count / 65536, 1));
+  std::vector<std::thread> threads;
+  for (size_t p = 1; p < parts; ++p)
+    threads.emplace_back([&, p] { fn(count * p / parts, count * (p + 1) / parts); });
+  fn(0, count / parts);
+  for (auto& t : threads) t.join();
+}
+
+// One input tensor: its 16-bit encoding (uploaded) and the same values as floats (the reference
+// sees exactly what the GPU sees).
+struct HostTensor {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+};
+
+HostTensor make_tensor(uint64_t seed, int which, size_t count, DType t) {
+  HostTensor h;
+  h.values.resize(count);
+  fill_uniform(seed, /*rank=*/0, which, h.values.data(), count);
+  h.bits.resize(count);
+  const Decoder decode(t);
+  parallel_for(count, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      h.bits[i] = encode(h.values[i], t);
+      h.values[i] = decode(h.bits[i]);
+    }
+  });
+  return h;
+}
+
+struct HostInputs {
+  HostTensor a, b;  // A [M, K]; B [N, K] (nk) or [K, N] (kn)
+};
+
+HostInputs make_inputs(const Options& o) {
+  HostInputs in;
+  // The two tensors come from independent streams: generate them side by side.
+  std::exception_ptr a_error;
+  std::thread a_thread([&] {
+    try {
+      in.a = make_tensor(*o.seed, 0, size_t(o.m * o.k), o.dtype);
+    } catch (...) {
+      a_error = std::current_exception();  // e.g. bad_alloc: rethrown below, not std::terminate
+    }
+  });
+  try {
+    in.b = make_tensor(*o.seed, 1, size_t(o.k * o.n), o.dtype);
+  } catch (...) {
+    a_thread.join();
+    throw;
+  }
+  a_thread.join();
+  if (a_error) std::rethrow_exception(a_error);
+  return in;
+}
+
+// fp64 rows of A @ B: out[i * n + j] for row rows[i]. Products of two 16-bit values are exact
+// in float (at most 22 significant bits), so only the sums need doubles.
+std::vector<double> reference_rows(const Options& o, const HostInputs& in, const std::vector<int64_t>& rows) {
+  const int64_t n = o.n, k = o.k;
+  constexpr int64_t kBlock = 128;  // output columns per work item
+  const int64_t col_blocks = ceil_div(n, kBlock);
+  const int64_t items = int64_t(rows.size()) * col_blocks;
+  std::vector<double> out(rows.size() * size_t(n));
+  std::atomic<int64_t> next{0};
+  const bool nk = o.b_layout == gemm::BLayout::kNK;
+  auto worker = [&] {
+    double acc[kBlock];
+    for (int64_t item = next++; item < items; item = next++) {
+      const size_t i = size_t(item / col_blocks);
+      const int64_t j0 = (item % col_blocks) * kBlock, cols = std::min(kBlock, n - j0);
+      const float* a = in.a.values.data() + size_t(rows[i] * k);
+      const float* b = in.b.values.data();
+      std::fill(acc, acc + cols, 0.0);
+      if (nk) {  // B [N, K]: a dot product per column
+        for (int64_t j = 0; j < cols; ++j) {
+          const float* bj = b + size_t((j0 + j) * k);
+          double s[4] = {0, 0, 0, 0};  // four chains: the adds of one would wait on each other
+          int64_t kk = 0;
+          for (; kk + 4 <= k; kk += 4)
+            for (int u = 0; u < 4; ++u) s[u] += double(a[kk + u] * bj[kk + u]);
+          for (; kk < k; ++kk) s[0] += double(a[kk] * bj[kk]);
+          acc[j] = (s[0] + s[1]) + (s[2] + s[3]);
+        }
+      } else {  // B [K, N]: rows of B, contiguous in the output columns
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const float av = a[kk];
+          const float* bk = b + size_t(kk * n + j0);
+          for (int64_t j = 0; j < cols; ++j) acc[j] += double(av * bk[j]);
+        }
+      }
+      std::copy(acc, acc + cols, out.begin() + std::ptrdiff_t(i * size_t(n) + size_t(j0)));
+    }
+  };
+  std::vector<std::thread> threads;
+  const int num_threads = int(std::min<int64_t>(host_threads(), std::max<int64_t>(items, 1)));
+  for (int t = 1; t < num_threads; ++t) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// ‖got − want‖ / ‖want‖ over the given rows; a non-finite value anywhere gives +inf.
+struct RowError {
+  double num = 0, den = 0;
+  double rel() const { return den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0); }
+};
+RowError row_error(const std::vector<double>& got, const std::vector<double>& want) {
+  RowError e;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = got[i] - want[i];
+    e.num += std::isfinite(got[i]) ? d * d : INFINITY;
+    e.den += want[i] * want[i];
+  }
+  return e;
+}
+
+// ---- device side ---------------------------------------------------------------------------
+
+struct DeviceInfo {
+  std::string name;
+  int sms = 0;     // SMs of the GPU
+  int budget = 0;  // SMs the GEMM may use (--sms, 0 = all)
+};
+
+DeviceInfo device_info(const Options& o) {
+  CCFUSE_CUDA_CHECK(cudaSetDevice(kDevice));
+  cudaDeviceProp prop{};
+  CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, kDevice));
+  DeviceInfo d{prop.name, prop.multiProcessorCount, 0};
+  CCFUSE_ARG_CHECK(o.sms <= d.sms, "--sms ", o.sms, " is more than the ", d.sms, " SMs of GPU ", kDevice, " (",
+                   d.name, ")");
+  d.budget = o.sms > 0 ? o.sms : d.sms;
+  return d;
+}
+
+gemm::GemmDesc desc_of(const Options& o) {
+  gemm::GemmDesc d;
+  d.m = o.m;
+  d.n = o.n;
+  d.k = o.k;
+  d.dtype = o.dtype;
+  d.b_layout = o.b_layout;
+  return d;  // packed leading dimensions
+}
+
+// The engine's config for the options, validated (bad shapes are bad input: exit code 2).
+gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
+  const gemm::GemmDesc desc = desc_of(o);
+  const gemm::GemmConfig cfg = gemm::choose_config(desc, dev.budget);
+  gemm::validate(desc, cfg);
+  return cfg;
+}
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { CCFUSE_CUDA_CHECK(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16))); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
+// Counts elements that are NaN or Inf (0xFFFF, the poison, is a NaN in both types).
+__global__ void count_non_finite(const uint16_t* c, size_t count, uint16_t exponent_mask, unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    local += (c[i] & exponent_mask) == exponent_mask;
+  if (local) atomicAdd(bad, local);
+}
+
+uint16_t exponent_mask(DType t) { return t == DType::kBFloat16 ? uint16_t(0x7F80) : uint16_t(0x7C00); }
+
+int64_t non_finite_on_device(const void* c, size_t count, DType t, cudaStream_t stream) {
+  DeviceBuffer counter(sizeof(unsigned long long));
+  CCFUSE_CUDA_CHECK(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream));
+  count_non_finite<<<264, 256, 0, stream>>>(static_cast<const uint16_t*>(c), count, exponent_mask(t),
+                                            static_cast<unsigned long long*>(counter.get()));
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  unsigned long long bad = 0;
+  CCFUSE_CUDA_CHECK(cudaMemcpyAsync(&bad, counter.get(), sizeof(bad), cudaMemcpyDeviceToHost, stream));
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return int64_t(bad);
+}
+
+// Rows `rows` of the row-major [*, n] 16-bit matrix at `c`, as doubles.
+std::vector<double> download_rows(const void* c, int64_t n, const std::vector<int64_t>& rows, const Decoder& decode) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  std::vector<double> out;
+  out.reserve(rows.size() * size_t(n));
+  for (int64_t r : rows) {
+    CCFUSE_CUDA_CHECK(cudaMemcpy(bits.data(), static_cast<const char*>(c) + size_t(r * n) * 2, size_t(n) * 2,
+                                 cudaMemcpyDeviceToHost));
+    for (uint16_t b : bits) out.push_back(double(decode(b)));
+  }
+  return out;
+}
+
+// Holds a stream on the GPU until the host releases it, so that the runs queued behind it start
+// back to back: a GEMM of a few microseconds is shorter than its launch (gemm::run builds TMA
+// descriptors on the host), and without the hold the events would time the host's launch gaps.
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__global__ void hold_stream(const volatile int* release, int generation, uint64_t timeout_ns) {
+  const uint64_t t0 = global_ns();
+  // The timeout only guards against a host that never releases (it then measures launch gaps).
+  while (*release < generation && global_ns() - t0 < timeout_ns) __nanosleep(1000);
+}
+
+class StreamHold {
+ public:
+  StreamHold() {
+    CCFUSE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(int), cudaHostAllocMapped));
+    *flag_ = 0;
+    CCFUSE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag_), flag_, 0));
+  }
+  ~StreamHold() {
+    // Never free the flag under a waiting kernel (an exception may leave a hold unreleased).
+    if (stream_) {
+      release();
+      cudaStreamSynchronize(stream_);
+    }
+    cudaFreeHost(flag_);
+  }
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+
+  void hold(cudaStream_t stream) {
+    stream_ = stream;
+    hold_stream<<<1, 1, 0, stream>>>(device_flag_, ++generation_, kTimeoutNs);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  }
+  void release() { __atomic_store_n(flag_, generation_, __ATOMIC_RELEASE); }
+
+ private:
+  static constexpr uint64_t kTimeoutNs = 2000000000ull;  // 2 s
+  int* flag_ = nullptr;
+  int* device_flag_ = nullptr;
+  int generation_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Median of the runs after the warm-up ones: CUDA events around each run, queued back to back
+// behind a stream hold (in batches, well inside the launch queue), read once at the end.
+// NOTE: one run goes first, unheld and synchronised: with lazy module loading (the CUDA 12.2+
+// default) the first launch of a kernel may wait for the whole GPU, i.e. for the hold.
+template <class F>
+double median_ms(cudaStream_t stream, int warmup, int iters, std::ostream& log, F&& run_once) {
+  constexpr int kBatch = 32;
+  const int total = warmup + iters;
+  run_once(0);
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<cudaEvent_t> events(size_t(2 * total), nullptr);
+  struct Cleanup {
+    std::vector<cudaEvent_t>& ev;
+    ~Cleanup() {
+      for (auto e : ev)
+        if (e) cudaEventDestroy(e);
+    }
+  } cleanup{events};
+  for (auto& e : events) CCFUSE_CUDA_CHECK(cudaEventCreate(&e));
+  StreamHold hold;
+  for (int first = 0; first < total; first += kBatch) {
+    const auto t0 = Clock::now();
+    hold.hold(stream);
+    for (int it = first; it < std::min(total, first + kBatch); ++it) {
+      CCFUSE_CUDA_CHECK(cudaEventRecord(events[size_t(2 * it)], stream));
+      run_once(it);
+      CCFUSE_CUDA_CHECK(cudaEventRecord(events[size_t(2 * it + 1)], stream));
+    }
+    hold.release();
+    if (seconds_since(t0) > 1.0)
+      log << "gpu: warning: queueing " << std::min(kBatch, total - first) << " runs took " << seconds_since(t0)
+          << " s: a launch waited for the GPU (the stream hold), so these times may include launch gaps\n";
+  }
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int it = warmup; it < total; ++it) {
+    float t = 0;
+    CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, events[size_t(2 * it)], events[size_t(2 * it + 1)]));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// ---- cuBLASLt: the same problem ------------------------------------------------------------
+
+// Row-major C [M, N] = A [M, K] B is column-major C^T [N, M] = X Y with Y = A^T (A row-major is
+// a column-major [K, M] matrix, ld K) and X = B^T: for B [K, N] row-major (kn) X is B's memory
+// read column-major as [N, K] (ld N, no transpose); for B [N, K] row-major (nk) B's memory is a
+// column-major [K, N] matrix (ld K) and X = its transpose (op T).
+class CublasLtGemm {
+ public:
+  CublasLtGemm(const Options& o, int sm_count_target) {
+    const cudaDataType_t t = o.dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+    const bool nk = o.b_layout == gemm::BLayout::kNK;
+    CCFUSE_CUBLASLT_CHECK(cublasLtCreate(&handle_));
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_x = nk ? CUBLAS_OP_T : CUBLAS_OP_N, trans_y = CUBLAS_OP_N;
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_x, sizeof(trans_x)));
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_y, sizeof(trans_y)));
+    if (sm_count_target > 0) {
+      const int32_t target = sm_count_target;
+      CCFUSE_CUBLASLT_CHECK(
+          cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
+    }
+    const uint64_t m = uint64_t(o.m), n = uint64_t(o.n), k = uint64_t(o.k);
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&x_, t, nk ? k : n, nk ? n : k, int64_t(nk ? k : n)));
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&y_, t, k, m, int64_t(k)));
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&c_, t, n, m, int64_t(n)));
+    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref_));
+    const uint64_t ws = kCublasWorkspace;
+    CCFUSE_CUBLASLT_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  }
+  ~CublasLtGemm() {
+    if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
+    for (auto l : {x_, y_, c_})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    if (op_) cublasLtMatmulDescDestroy(op_);
+    if (handle_) cublasLtDestroy(handle_);
+  }
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // Up to `max` algorithms, cuBLASLt's preferred first.
+  std::vector<cublasLtMatmulHeuristicResult_t> algorithms(int max) const {
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(max));
+    int returned = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle_, op_, x_, y_, c_, c_, pref_, max, results.data(), &returned);
+    if (st != CUBLAS_STATUS_SUCCESS) return {};  // e.g. NOT_SUPPORTED: no baseline, reported as such
+    results.resize(size_t(std::max(returned, 0)));
+    results.erase(std::remove_if(results.begin(), results.end(),
+                                 [](const cublasLtMatmulHeuristicResult_t& r) {
+                                   return r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kCublasWorkspace;
+                                 }),
+                  results.end());
+    return results;
+  }
+
+  // C = A @ B with algorithm `algo`; false if this algorithm refuses to run (it is then skipped).
+  bool run(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c, void* workspace,
+           cudaStream_t stream) const {
+    const float alpha = 1.f, beta = 0.f;
+    return cublasLtMatmul(handle_, op_, &alpha, b, x_, a, y_, &beta, c, c_, c, c_, &algo, workspace,
+                          kCublasWorkspace, stream) == CUBLAS_STATUS_SUCCESS;
+  }
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t x_ = nullptr, y_ = nullptr, c_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+};
+
+std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
+  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    int32_t v = -1;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return int(v);
+  };
+  return str_cat("id=", get(CUBLASLT_ALGO_CONFIG_ID), " tile=", get(CUBLASLT_ALGO_CONFIG_TILE_ID),
+                 " stages=", get(CUBLASLT_ALGO_CONFIG_STAGES_ID), " splitk=", get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                 " cluster=", get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
+double tflops_of(const Options& o, double ms) {
+  return ms > 0 ? 2.0 * double(o.m) * double(o.n) * double(o.k) / (ms * 1e9) : -1;
+}
+
+// Sampled output rows of bench: random ones plus the last row, sorted, distinct.
+std::vector<int64_t> sample_rows(const Options& o) {
+  std::mt19937_64 pick(*o.seed ^ 0x9E3779B97F4A7C15ull);
+  std::vector<int64_t> rows{o.m - 1};
+  for (int i = 0; i < kBenchSampleRows; ++i) rows.push_back(int64_t(pick() % uint64_t(o.m)));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+}  // namespace
+
+std::string gpu_gemm_config(const Options& o) {
+  const DeviceInfo dev = device_info(o);
+  return gemm::to_string(config_of(o, dev));
+}
+
+CheckResult gpu_gemm_check(const Options& o, std::ostream& log) {
+  CCFUSE_CHECK(o.seed.has_value(), "gemm check needs a resolved seed");
+  const DeviceInfo dev = device_info(o);
+  const gemm::GemmConfig cfg = config_of(o, dev);
+  const gemm::GemmDesc desc = desc_of(o);
+  log << "gpu: gemm on " << dev.name << " (" << dev.sms << " SMs), b_layout=" << gemm::b_layout_name(o.b_layout)
+      << ", config " << gemm::to_string(cfg) << "\n";
+
+  const HostInputs in = make_inputs(o);
+  const size_t c_count = size_t(o.m * o.n);
+  DeviceBuffer a(in.a.bits.size() * 2), b(in.b.bits.size() * 2), c(c_count * 2);
+  Stream stream;
+  CCFUSE_CUDA_CHECK(cudaMemcpy(a.get(), in.a.bits.data(), in.a.bits.size() * 2, cudaMemcpyHostToDevice));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(b.get(), in.b.bits.data(), in.b.bits.size() * 2, cudaMemcpyHostToDevice));
+  CCFUSE_CUDA_CHECK(cudaMemset(c.get(), 0xFF, c_count * 2));  // poison: every element must be written
+  gemm::run(desc, cfg, a.get(), b.get(), c.get(), stream.s);
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+
+  std::vector<uint16_t> c_bits(c_count);
+  CCFUSE_CUDA_CHECK(cudaMemcpy(c_bits.data(), c.get(), c_count * 2, cudaMemcpyDeviceToHost));
+  const uint16_t mask = exponent_mask(o.dtype);
+  int64_t bad = 0, first_bad = -1;
+  for (size_t i = 0; i < c_count; ++i) {
+    if ((c_bits[i] & mask) == mask) {
+      if (first_bad < 0) first_bad = int64_t(i);
+      ++bad;
+    }
+  }
+  if (bad > 0)
+    log << "gpu: " << bad << " of " << c_count << " output elements are NaN/Inf or unwritten (first at row "
+        << first_bad / o.n << ", column " << first_bad % o.n << ")\n";
+
+  // Rows compared with fp64: all of them when that is cheap, else one per band of 128 rows (so
+  // every row tile is seen) and the last row.
+  std::vector<int64_t> rows;
+  const bool all_rows = double(o.m) * double(o.n) * double(o.k) <= kFullCheckMacs;
+  if (all_rows) {
+    for (int64_t r = 0; r < o.m; ++r) rows.push_back(r);
+  } else {
+    std::mt19937_64 pick(*o.seed ^ 0xC0FFEEull);
+    for (int64_t r0 = 0; r0 < o.m; r0 += kBandRows)
+      rows.push_back(r0 + int64_t(pick() % uint64_t(std::min<int64_t>(kBandRows, o.m - r0))));
+    if (rows.back() != o.m - 1) rows.push_back(o.m - 1);
+  }
+  const auto t0 = Clock::now();
+  const std::vector<double> want = reference_rows(o, in, rows);
+  const Decoder decode(o.dtype);
+  std::vector<double> got;
+  got.reserve(want.size());
+  for (int64_t r : rows)
+    for (int64_t j = 0; j < o.n; ++j) got.push_back(double(decode(c_bits[size_t(r * o.n + j)])));
+  if (o.inject_fault && !got.empty()) got[got.size() / 2] += 1000.0;
+  log << "gpu: compared " << (all_rows ? "all " : "") << rows.size() << " rows of " << o.m
+      << (all_rows ? "" : " (one per 128-row band and the last)") << " with fp64 in "
+      << int(seconds_since(t0) * 1000) << " ms; scanned all " << c_count << " elements for NaN/poison\n";
+
+  CheckResult res;
+  res.rel_err = bad > 0 ? INFINITY : row_error(got, want).rel();
+  res.tolerance = tolerance_for(o.dtype, o.k);
+  res.pass = res.rel_err <= res.tolerance;
+  return res;
+}
+
+BenchRecord gpu_gemm_bench(const Options& o, std::ostream& log) {
+  CCFUSE_CHECK(o.seed.has_value(), "gemm bench needs a resolved seed");
+  const auto t_start = Clock::now();
+  const DeviceInfo dev = device_info(o);
+  const gemm::GemmConfig cfg = config_of(o, dev);
+  const gemm::GemmDesc desc = desc_of(o);
+  const std::string config = gemm::to_string(cfg);
+
+  const HostInputs in = make_inputs(o);
+  const size_t a_bytes = in.a.bits.size() * 2, b_bytes = in.b.bits.size() * 2, c_bytes = size_t(o.m * o.n) * 2;
+  const size_t set_bytes = a_bytes + b_bytes + c_bytes;
+  size_t free_bytes = 0, total_bytes = 0;
+  CCFUSE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t room = free_bytes > (size_t(1) << 30) ? free_bytes - (size_t(1) << 30) : 0;  // workspace, slack
+  const size_t wanted_sets = size_t(ceil_div(int64_t(kRotateBytes), int64_t(set_bytes)));
+  const int num_sets = int(std::clamp<size_t>(std::min(wanted_sets, room / set_bytes), 1, kMaxSets));
+  log << "gpu: gemm on " << dev.name << " (" << dev.sms << " SMs, budget " << dev.budget << "), b_layout="
+      << gemm::b_layout_name(o.b_layout) << ", config " << config << "; " << num_sets << " rotated input sets, "
+      << o.warmup << " warm-up + " << o.iters << " timed runs (inputs ready in "
+      << int(seconds_since(t_start) * 1000) << " ms)\n";
+
+  std::vector<std::unique_ptr<DeviceBuffer>> a, b, c;
+  for (int i = 0; i < num_sets; ++i) {
+    a.push_back(std::make_unique<DeviceBuffer>(a_bytes));
+    b.push_back(std::make_unique<DeviceBuffer>(b_bytes));
+    c.push_back(std::make_unique<DeviceBuffer>(c_bytes));
+  }
+  CCFUSE_CUDA_CHECK(cudaMemcpy(a[0]->get(), in.a.bits.data(), a_bytes, cudaMemcpyHostToDevice));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(b[0]->get(), in.b.bits.data(), b_bytes, cudaMemcpyHostToDevice));
+  for (int i = 1; i < num_sets; ++i) {
+    CCFUSE_CUDA_CHECK(cudaMemcpy(a[size_t(i)]->get(), a[0]->get(), a_bytes, cudaMemcpyDeviceToDevice));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(b[size_t(i)]->get(), b[0]->get(), b_bytes, cudaMemcpyDeviceToDevice));
+  }
+  Stream stream;
+  const auto set_of = [&](int it) { return size_t(it % num_sets); };
+
+  // Sampled rows against fp64, once for both GEMMs; the output of set 0 is poisoned first.
+  const std::vector<int64_t> rows = sample_rows(o);
+  const std::vector<double> want = reference_rows(o, in, rows);
+  const Decoder decode(o.dtype);
+  const auto checked_rel_err = [&](const char* who, bool inject, auto&& run_set0) {
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(c[0]->get(), 0xFF, c_bytes, stream.s));
+    run_set0();
+    const int64_t bad = non_finite_on_device(c[0]->get(), size_t(o.m * o.n), o.dtype, stream.s);
+    if (bad > 0) log << "gpu: " << who << ": " << bad << " output elements are NaN/Inf or unwritten\n";
+    std::vector<double> got = download_rows(c[0]->get(), o.n, rows, decode);
+    if (inject && !got.empty()) got[got.size() / 2] += 1000.0;
+    return bad > 0 ? double(INFINITY) : row_error(got, want).rel();
+  };
+
+  // cuBLASLt's candidates first: a quick pass over its heuristic algorithms (which also brings
+  // the GPU to its running clocks before the two timings that matter).
+  const int sm_target = dev.budget < dev.sms ? dev.budget : 0;
+  CublasLtGemm lt(o, sm_target);
+  DeviceBuffer workspace(kCublasWorkspace);
+  const auto algos = lt.algorithms(kMaxCublasAlgos);
+  double best_quick = INFINITY;
+  int best = -1;
+  for (size_t i = 0; i < algos.size(); ++i) {
+    bool ok = true;
+    const double ms = median_ms(stream.s, kAlgoWarmup, kAlgoRuns, log, [&](int it) {
+      const size_t s = set_of(it);
+      ok = ok && lt.run(algos[i].algo, a[s]->get(), b[s]->get(), c[s]->get(), workspace.get(), stream.s);
+    });
+    if (ok && ms < best_quick) best_quick = ms, best = int(i);
+  }
+
+  // (a) ccfuse with its config, (b) the best cuBLASLt algorithm, timed alike, one after the other.
+  const auto ccfuse_run = [&](int it) {
+    const size_t s = set_of(it);
+    gemm::run(desc, cfg, a[s]->get(), b[s]->get(), c[s]->get(), stream.s);
+  };
+  const double t_ccfuse = median_ms(stream.s, o.warmup, o.iters, log, ccfuse_run);
+  log << "gpu: ccfuse gemm " << t_ccfuse << " ms (" << tflops_of(o, t_ccfuse) << " TFLOP/s)\n";
+  double t_cublas = -1, rel_err_cublas = -1;
+  std::string algo_text;
+  std::function<void(int)> cublas_run;
+  if (best >= 0) {
+    const cublasLtMatmulAlgo_t algo = algos[size_t(best)].algo;
+    algo_text = describe_algo(algo);
+    cublas_run = [&, algo](int it) {
+      const size_t s = set_of(it);
+      CCFUSE_CHECK(lt.run(algo, a[s]->get(), b[s]->get(), c[s]->get(), workspace.get(), stream.s),
+                   "cuBLASLt algorithm ", algo_text, " failed on its second use");
+    };
+    t_cublas = median_ms(stream.s, o.warmup, o.iters, log, cublas_run);
+    log << "gpu: cuBLASLt " << t_cublas << " ms (" << tflops_of(o, t_cublas) << " TFLOP/s), best of " << algos.size()
+        << " heuristic algorithms: #" << best << " " << algo_text << "\n";
+  } else {
+    log << "gpu: cuBLASLt offered no algorithm for this problem: no baseline\n";
+  }
+
+  // Both results on the sampled rows (and the whole output scanned for NaN/poison).
+  const double rel_err = checked_rel_err("ccfuse", o.inject_fault, [&] { ccfuse_run(0); });
+  if (cublas_run) {
+    rel_err_cublas = checked_rel_err("cuBLASLt", false, [&] { cublas_run(0); });
+    // A baseline that computes something else is no baseline.
+    const double tol = tolerance_for(o.dtype, o.k);
+    CCFUSE_CHECK(!(rel_err_cublas > tol), "the cuBLASLt baseline's result is wrong (rel_err ", rel_err_cublas,
+                 " > ", tol, "): it does not solve the same problem");
+  }
+
+  BenchRecord rec;
+  rec.op = o.op;
+  rec.dtype = dtype_name(o.dtype);
+  rec.gpu = dev.name;
+  rec.backend = "gpu";
+  rec.world_size = 1;
+  rec.m = o.m, rec.n = o.n, rec.k = o.k;
+  rec.t_fused_ms = t_ccfuse;
+  rec.t_gemm_ms = t_cublas;
+  rec.rel_err = rel_err;
+  rec.rel_err_cublas = rel_err_cublas;
+  rec.tflops = tflops_of(o, t_ccfuse);
+  rec.tflops_cublas = tflops_of(o, t_cublas);
+  rec.pct_of_cublas = t_cublas > 0 ? 100.0 * t_cublas / t_ccfuse : -1;
+  rec.config = config;
+  rec.b_layout = gemm::b_layout_name(o.b_layout);
+  rec.cublas_algo = algo_text;
+  rec.sms = dev.budget;
+  rec.gpu_sms = dev.sms;
+  rec.notes = str_cat("single-GPU GEMM: t_fused = ccfuse, t_gemm = best of ", algos.size(),
+                      " cuBLASLt heuristic algorithms (", kCublasWorkspace >> 20, " MiB workspace",
+                      sm_target > 0 ? str_cat(", SM_COUNT_TARGET ", sm_target) : std::string(), "); rel_err over ",
+                      rows.size(), " sampled rows; ", num_sets, " rotated input sets");
+  log << "gpu: gemm bench took " << int(seconds_since(t_start) * 1000) << " ms\n";
+  return rec;
+}
+
+}  // namespace ccfuse::tool

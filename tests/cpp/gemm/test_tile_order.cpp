@@ -1,0 +1,160 @@
+// The GEMM engine's tile orders (ccfuse/gemm/tile_order.h), on the host: the persistent kernel's
+// scheduler runs the same __host__ __device__ functions, so a tile visited twice or never here is
+// a tile computed twice or never on the GPU. Header-only: this suite links no CUDA library.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ccfuse/gemm/tile_order.h"
+
+namespace ccfuse::gemm {
+namespace {
+
+using Tile = std::pair<int, int>;  // (m_tile, n_tile)
+
+// The documented order spelled out as loops: groups of `group_m` row tiles (the last one may be
+// shorter); inside a group, down the group's rows first, then across N.
+std::vector<Tile> expected_grouped(int m_tiles, int n_tiles, int group_m) {
+  std::vector<Tile> order;
+  for (int first_m = 0; first_m < m_tiles; first_m += group_m) {
+    const int rows = std::min(group_m, m_tiles - first_m);
+    for (int n = 0; n < n_tiles; ++n)
+      for (int m = first_m; m < first_m + rows; ++m) order.emplace_back(m, n);
+  }
+  return order;
+}
+
+std::vector<Tile> grouped_order(int m_tiles, int n_tiles, int group_m) {
+  std::vector<Tile> order;
+  const int64_t total = int64_t(m_tiles) * n_tiles;
+  for (int64_t idx = 0; idx < total; ++idx) {
+    const TileCoord t = grouped_row_major(idx, m_tiles, n_tiles, group_m);
+    order.emplace_back(t.m_tile, t.n_tile);
+  }
+  return order;
+}
+
+// Every tile of the m_tiles x n_tiles grid exactly once, none outside it.
+void expect_each_tile_once(const std::vector<Tile>& order, int m_tiles, int n_tiles, const std::string& what) {
+  ASSERT_EQ(order.size(), size_t(m_tiles) * size_t(n_tiles)) << what;
+  std::vector<int> seen(size_t(m_tiles) * size_t(n_tiles), 0);
+  for (const auto& [m, n] : order) {
+    ASSERT_TRUE(m >= 0 && m < m_tiles && n >= 0 && n < n_tiles) << what << ": tile (" << m << ", " << n << ")";
+    ++seen[size_t(m) * size_t(n_tiles) + size_t(n)];
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    ASSERT_EQ(seen[i], 1) << what << ": tile (" << i / size_t(n_tiles) << ", " << i % size_t(n_tiles) << ")";
+}
+
+const int kGroupMs[] = {1, 2, 3, 4, 5, 7, 8, 16, 33};
+
+TEST(TileOrder, GroupedRowMajorVisitsEveryTileOnceInTheDocumentedOrder) {
+  // Includes last partial groups (m_tiles not a multiple of group_m) and group_m > m_tiles.
+  for (int m_tiles = 1; m_tiles <= 21; ++m_tiles) {
+    for (int n_tiles = 1; n_tiles <= 13; ++n_tiles) {
+      for (int group_m : kGroupMs) {
+        const std::string what = "m_tiles=" + std::to_string(m_tiles) + " n_tiles=" + std::to_string(n_tiles) +
+                                 " group_m=" + std::to_string(group_m);
+        const auto order = grouped_order(m_tiles, n_tiles, group_m);
+        expect_each_tile_once(order, m_tiles, n_tiles, what);
+        ASSERT_EQ(order, expected_grouped(m_tiles, n_tiles, group_m)) << what;
+      }
+    }
+  }
+}
+
+TEST(TileOrder, GroupedRowMajorOnRealShapes) {
+  // 128 x 256 tiles of Llama-3 GEMMs: M = 16384 (128 row tiles) with N = 28672 (112 column
+  // tiles); M = 1000 (8 row tiles, the last partial) with N = 3072; and one row of tiles.
+  for (const auto& [m_tiles, n_tiles] : {Tile{128, 112}, Tile{8, 12}, Tile{1, 7}, Tile{129, 5}}) {
+    for (int group_m : {1, 8, 16, 200}) {
+      const std::string what = "m_tiles=" + std::to_string(m_tiles) + " n_tiles=" + std::to_string(n_tiles) +
+                               " group_m=" + std::to_string(group_m);
+      expect_each_tile_once(grouped_order(m_tiles, n_tiles, group_m), m_tiles, n_tiles, what);
+    }
+  }
+}
+
+TEST(TileOrder, GroupedPrefixStaysWithinGroupRows) {
+  // L2 reuse: the first rows * k tiles (rows = the group's height, group_m or all of m_tiles
+  // when fewer) cover exactly the rows x k block at the top left, so concurrently running CTAs
+  // share k column tiles of B and `rows` row tiles of A.
+  for (int m_tiles : {1, 3, 8, 10, 17}) {
+    for (int n_tiles : {1, 2, 9}) {
+      for (int group_m : kGroupMs) {
+        const int rows = std::min(group_m, m_tiles);
+        for (int k = 1; k <= n_tiles; ++k) {
+          std::set<Tile> prefix;
+          for (int64_t idx = 0; idx < int64_t(rows) * k; ++idx) {
+            const TileCoord t = grouped_row_major(idx, m_tiles, n_tiles, group_m);
+            EXPECT_LT(t.m_tile, rows) << "idx " << idx << " group_m " << group_m << " m_tiles " << m_tiles;
+            EXPECT_LT(t.n_tile, k) << "idx " << idx << " group_m " << group_m << " m_tiles " << m_tiles;
+            prefix.insert({t.m_tile, t.n_tile});
+          }
+          EXPECT_EQ(prefix.size(), size_t(rows) * size_t(k));  // the whole block, each tile once
+        }
+      }
+    }
+  }
+}
+
+TEST(TileOrder, EveryGroupStaysInItsRows) {
+  // Group g (tiles [g * group_m * n_tiles, (g + 1) * group_m * n_tiles)) owns row tiles
+  // [g * group_m, g * group_m + group_m), clipped to m_tiles, and all column tiles.
+  for (int m_tiles : {5, 16, 23}) {
+    const int n_tiles = 6;
+    for (int group_m : {2, 4, 8}) {
+      const int64_t per_group = int64_t(group_m) * n_tiles;
+      const int64_t total = int64_t(m_tiles) * n_tiles;
+      for (int64_t idx = 0; idx < total; ++idx) {
+        const TileCoord t = grouped_row_major(idx, m_tiles, n_tiles, group_m);
+        const int64_t group = idx / per_group;
+        EXPECT_GE(t.m_tile, group * group_m) << idx;
+        EXPECT_LT(t.m_tile, std::min<int64_t>((group + 1) * group_m, m_tiles)) << idx;
+      }
+    }
+  }
+}
+
+TEST(TileOrder, GroupedRowMajorIndicesPast32Bits) {
+  // 2^17 x 2^16 tiles: linear indices past 2^32 must not wrap (the per-group product is 64-bit).
+  const int m_tiles = 1 << 17, n_tiles = 1 << 16, group_m = 8;
+  const int64_t total = int64_t(m_tiles) * n_tiles;
+  for (int64_t idx : {int64_t(0), (int64_t(1) << 32) + 5, total - n_tiles * int64_t(group_m), total - 1}) {
+    const TileCoord t = grouped_row_major(idx, m_tiles, n_tiles, group_m);
+    const int64_t per_group = int64_t(group_m) * n_tiles, group = idx / per_group, local = idx % per_group;
+    EXPECT_EQ(t.m_tile, group * group_m + local % group_m) << idx;  // every group is full here
+    EXPECT_EQ(t.n_tile, local / group_m) << idx;
+  }
+  const TileCoord last = grouped_row_major(total - 1, m_tiles, n_tiles, group_m);
+  EXPECT_EQ(last.m_tile, m_tiles - 1);
+  EXPECT_EQ(last.n_tile, n_tiles - 1);
+}
+
+TEST(TileOrder, ColumnMajorVisitsEveryTileOnceColumnByColumn) {
+  for (int m_tiles = 1; m_tiles <= 17; ++m_tiles) {
+    for (int n_tiles = 1; n_tiles <= 11; ++n_tiles) {
+      const std::string what = "m_tiles=" + std::to_string(m_tiles) + " n_tiles=" + std::to_string(n_tiles);
+      std::vector<Tile> order, expected;
+      for (int64_t idx = 0; idx < int64_t(m_tiles) * n_tiles; ++idx) {
+        const TileCoord t = column_major(idx, m_tiles);
+        order.emplace_back(t.m_tile, t.n_tile);
+      }
+      for (int n = 0; n < n_tiles; ++n)
+        for (int m = 0; m < m_tiles; ++m) expected.emplace_back(m, n);
+      expect_each_tile_once(order, m_tiles, n_tiles, what);
+      ASSERT_EQ(order, expected) << what;
+      // An N-slice is complete after m_tiles * (slice + 1) tiles (MoE layer 1 sends it then).
+      for (int k = 1; k <= n_tiles; ++k)
+        for (int64_t idx = 0; idx < int64_t(m_tiles) * k; ++idx) ASSERT_LT(column_major(idx, m_tiles).n_tile, k);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ccfuse::gemm

@@ -1,0 +1,410 @@
+// The Hopper GEMM engine against an fp64 reference on the GPU: tile shapes, both B layouts,
+// bf16/fp16, edge shapes, SM budgets, tile orders, the ready predicate, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ccfuse/comm/team.h"
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/gemm/gemm.h"
+#include "ccfuse/gemm/ready_schedule.cuh"
+#include "gpu_test_util.h"
+
+namespace ccfuse::gemm {
+namespace {
+
+template <class E>
+__device__ double to_double(E v) {
+  return double(float(v));
+}
+
+// C_ref[i, j] = sum_k A[i, k] * B(k, j) in fp64 (B(k, j) = b[k * ldb + j] for kn, b[j * ldb + k] for nk).
+template <class E>
+__global__ void reference_gemm(const E* a, int64_t lda, const E* b, int64_t ldb, bool b_nk, double* c, int64_t m,
+                               int64_t n, int64_t k) {
+  const int64_t row = blockIdx.y * int64_t(blockDim.y) + threadIdx.y;
+  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (row >= m || col >= n) return;
+  double acc = 0;
+  for (int64_t kk = 0; kk < k; ++kk)
+    acc += to_double(a[row * lda + kk]) * to_double(b_nk ? b[col * ldb + kk] : b[kk * ldb + col]);
+  c[row * n + col] = acc;
+}
+
+struct Case {
+  int64_t m, n, k;
+  DType dtype;
+  BLayout layout;
+  int block_n;      // 256 or 128; 0 = choose_config
+  int num_sms;      // 0 = all
+  bool col_major;
+};
+
+std::string name_of(const Case& c) {
+  return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
+                         c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row");
+}
+
+// Device buffers of one random problem; C poisoned with NaN.
+struct Problem {
+  GemmDesc desc;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  double* ref = nullptr;
+  explicit Problem(const GemmDesc& d, uint64_t seed) : desc(d) {
+    const size_t es = size_t(dtype_size(d.dtype));
+    const size_t na = size_t(d.m * d.k), nb = size_t(d.k * d.n), nc = size_t(d.m * d.n);
+    std::mt19937_64 gen(seed);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    std::vector<uint16_t> ha(na), hb(nb);
+    auto bits = [&](float v) -> uint16_t {
+      if (d.dtype == DType::kBFloat16) return bf16::from_float(v).bits;
+      const __half h = __float2half_rn(v);
+      return *reinterpret_cast<const uint16_t*>(&h);
+    };
+    for (auto& x : ha) x = bits(dist(gen));
+    for (auto& x : hb) x = bits(dist(gen));
+    CCFUSE_CUDA_CHECK(cudaMalloc(&a, na * es));
+    CCFUSE_CUDA_CHECK(cudaMalloc(&b, nb * es));
+    CCFUSE_CUDA_CHECK(cudaMalloc(&c, nc * es));
+    CCFUSE_CUDA_CHECK(cudaMalloc(&ref, nc * sizeof(double)));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(a, ha.data(), na * es, cudaMemcpyHostToDevice));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(b, hb.data(), nb * es, cudaMemcpyHostToDevice));
+    CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, nc * es));  // NaN in bf16 and fp16
+    const dim3 block(16, 16), grid(unsigned((d.n + 15) / 16), unsigned((d.m + 15) / 16));
+    const bool nk = d.layout_is_nk();
+    if (d.dtype == DType::kBFloat16)
+      reference_gemm<<<grid, block>>>(static_cast<const __nv_bfloat16*>(a), d.k, static_cast<const __nv_bfloat16*>(b),
+                                      nk ? d.k : d.n, nk, ref, d.m, d.n, d.k);
+    else
+      reference_gemm<<<grid, block>>>(static_cast<const __half*>(a), d.k, static_cast<const __half*>(b), nk ? d.k : d.n,
+                                      nk, ref, d.m, d.n, d.k);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  }
+  ~Problem() {
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cudaFree(ref);
+  }
+  // ‖C − ref‖ / ‖ref‖ over every element (NaN anywhere: infinity).
+  double rel_err() const {
+    const size_t nc = size_t(desc.m * desc.n);
+    std::vector<uint16_t> hc(nc);
+    std::vector<double> hr(nc);
+    CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), c, nc * 2, cudaMemcpyDeviceToHost));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(hr.data(), ref, nc * sizeof(double), cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nc; ++i) {
+      double v;
+      if (desc.dtype == DType::kBFloat16) {
+        v = bf16{hc[i]}.to_float();
+      } else {
+        __half h;
+        *reinterpret_cast<uint16_t*>(&h) = hc[i];
+        v = __half2float(h);
+      }
+      if (!std::isfinite(v)) return INFINITY;
+      num += (v - hr[i]) * (v - hr[i]);
+      den += hr[i] * hr[i];
+    }
+    return std::sqrt(num / den);
+  }
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << name_of(c); }
+
+class GemmCorrectness : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GemmCorrectness, MatchesFp64Reference) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const Case c = GetParam();
+  GemmDesc d;
+  d.m = c.m;
+  d.n = c.n;
+  d.k = c.k;
+  d.dtype = c.dtype;
+  d.b_layout = c.layout;
+  GemmConfig cfg = choose_config(d, c.num_sms);
+  if (c.block_n == 128) cfg = GemmConfig{128, 128, 64, 6, cfg.num_sms};
+  if (c.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, cfg.num_sms};
+  cfg.order = c.col_major ? TileOrder::kColumnMajor : TileOrder::kRowMajor;
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
+  Problem prob(d, seed);
+  run(d, cfg, prob.a, prob.b, prob.c, nullptr);
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  const double err = prob.rel_err();
+  EXPECT_LE(err, 1e-2);
+  EXPECT_GT(err, 0.0) << "bit-exact against fp64 is suspicious for 16-bit outputs";
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (BLayout l : {BLayout::kNK, BLayout::kKN})
+      for (int bn : {256, 128}) {
+        out.push_back({1000, 776, 520, t, l, bn, 0, false});  // M, N not multiples of the tile
+        out.push_back({48, 200, 24, t, l, bn, 0, false});     // M < 64, K = 8 * 3
+        out.push_back({2048, 3072, 1032, t, l, bn, 0, false});
+      }
+  out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
+  out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kKN, 0, 0, false});
+  out.push_back({3000, 5000, 1000, DType::kBFloat16, BLayout::kNK, 256, 100, false});  // SM budget
+  out.push_back({3000, 5000, 1000, DType::kBFloat16, BLayout::kNK, 256, 116, true});   // column-major
+  out.push_back({1, 8, 8, DType::kBFloat16, BLayout::kKN, 0, 0, false});
+  out.push_back({777, 1030, 8, DType::kBFloat16, BLayout::kNK, 128, 7, false});  // odd ldc: scalar stores
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmCorrectness, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return name_of(i.param); });
+
+TEST(GemmValidation, RejectsWhatTmaCannotTake) {
+  GemmDesc d;
+  d.m = 128;
+  d.n = 128;
+  d.k = 100;
+  GemmConfig cfg;
+  try {
+    validate(d, cfg);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "k 100 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of A)");
+  }
+  d.k = 128;
+  d.n = 100;
+  try {
+    validate(d, cfg);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "n 100 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of B [K, N])");
+  }
+  d.b_layout = BLayout::kNK;
+  EXPECT_NO_THROW(validate(d, cfg));  // N is free when B is [N, K]
+  d.dtype = DType::kFloat32;
+  try {
+    validate(d, cfg);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "dtype fp32 is not supported by the GEMM engine (bf16, fp16)");
+  }
+  d.dtype = DType::kBFloat16;
+  cfg.block_n = 64;
+  EXPECT_THROW(validate(d, cfg), InvalidArgument);
+}
+
+TEST(GemmValidation, RejectsMisalignedPointers) {
+  CCFUSE_REQUIRE_GPUS(1);
+  GemmDesc d;
+  d.m = d.n = d.k = 64;
+  void* buf = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&buf, 1 << 20));
+  try {
+    run(d, choose_config(d, 0), static_cast<char*>(buf) + 2, buf, buf, nullptr);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("A ("), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must be 16-byte aligned (TMA)"), std::string::npos) << e.what();
+  }
+  cudaFree(buf);
+}
+
+// Copies A's row bands into place one at a time, slowly, and publishes each on its signal.
+__global__ void publish_rows_slowly(comm::DeviceSignals sig, const uint16_t* src, uint16_t* dst, int64_t k,
+                                    int64_t rows_per_band, int num_bands, int64_t m, uint64_t delay_ns) {
+  const epoch_t epoch = comm::current_epoch(sig);
+  if (threadIdx.x == 0) {  // let the GEMM start and block on its first tiles
+    const uint64_t t0 = comm::global_timer_ns();
+    while (comm::global_timer_ns() - t0 < 20 * delay_ns) {
+    }
+  }
+  __syncthreads();
+  for (int i = 0; i < num_bands; ++i) {
+    const int band = (i * 7) % num_bands;  // out of order on purpose (num_bands not a multiple of 7)
+    const int64_t r0 = band * rows_per_band, r1 = min(m, r0 + rows_per_band);
+    for (int64_t e = r0 * k + threadIdx.x; e < r1 * k; e += blockDim.x) dst[e] = src[e];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      comm::notify(sig, sig.rank, band, epoch);
+      const uint64_t t0 = comm::global_timer_ns();
+      while (comm::global_timer_ns() - t0 < delay_ns) {
+      }
+    }
+    __syncthreads();
+  }
+}
+
+TEST(GemmReadyPredicate, TilesWaitForRowsPublishedByAnotherStream) {
+  CCFUSE_REQUIRE_GPUS(1);
+  comm::run_local_world({0}, [](comm::Team& team) {
+    using Traits = sm90::Traits<cutlass::bfloat16_t, 128, 256, 64, 4, true>;
+    GemmDesc d;
+    d.m = 2000;
+    d.n = 3072;
+    d.k = 1024;
+    d.b_layout = BLayout::kNK;
+    const int m_tiles = int(ceil_div(d.m, 128));
+    auto sig = team.make_signals("test.gemm_ready", m_tiles);
+    for (int call = 0; call < 3; ++call) {
+      std::random_device rd;
+      const uint64_t seed = rd();
+      SCOPED_TRACE(detail::str_cat("seed ", seed, " call ", call));
+      Problem prob(d, seed);
+      uint16_t* staged = nullptr;  // the rows as they will arrive; A itself starts as NaN
+      CCFUSE_CUDA_CHECK(cudaMalloc(&staged, size_t(d.m * d.k) * 2));
+      CCFUSE_CUDA_CHECK(cudaMemcpy(staged, prob.a, size_t(d.m * d.k) * 2, cudaMemcpyDeviceToDevice));
+      CCFUSE_CUDA_CHECK(cudaMemset(prob.a, 0xff, size_t(d.m * d.k) * 2));
+      cudaStream_t gemm_stream, copy_stream;
+      cudaEvent_t begun;
+      CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&gemm_stream, cudaStreamNonBlocking));
+      CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+      CCFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&begun, cudaEventDisableTiming));
+      CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+      sig->begin_call(gemm_stream);
+      CCFUSE_CUDA_CHECK(cudaEventRecord(begun, gemm_stream));
+      CCFUSE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, begun));
+      sm90::SignalReadySchedule sched;
+      sched.base = sm90::plain_schedule(d.m, d.n, 128, 256, 8, false);
+      sched.sig = sig->device();
+      // NOTE: the copy kernel is launched first. Launched after the persistent GEMM (128 of 132
+      // SMs) it did not start until the GEMM had finished, so every tile wait timed out
+      // (seen on H200, 2026-11-29): a kernel that the GEMM waits on must be resident first.
+      publish_rows_slowly<<<1, 512, 0, copy_stream>>>(sig->device(), staged, static_cast<uint16_t*>(prob.a), d.k, 128,
+                                                      m_tiles, d.m, 50000);
+      CCFUSE_CUDA_CHECK_LAUNCH();
+      sm90::launch_gemm<Traits>(d.m, d.n, d.k, prob.a, d.k, prob.b, d.k, prob.c, d.n, sched, sm90::PlainEpilogue{}, 128,
+                                gemm_stream);
+      CCFUSE_CUDA_CHECK(cudaStreamSynchronize(copy_stream));
+      team.synchronize(gemm_stream);
+      EXPECT_LE(prob.rel_err(), 1e-2);
+      cudaFree(staged);
+      cudaEventDestroy(begun);
+      cudaStreamDestroy(gemm_stream);
+      cudaStreamDestroy(copy_stream);
+    }
+  });
+}
+
+// ---- grouped GEMM ----------------------------------------------------------------------------
+
+struct GroupedCase {
+  std::string name;
+  std::vector<int> rows;  // per group; may be 0
+  int64_t n, k;
+  BLayout layout;
+  int block_n;
+  int64_t extra_capacity;  // max_rows = sum(rows) + this; negative: overflow on purpose
+};
+
+void PrintTo(const GroupedCase& c, std::ostream* os) { *os << c.name; }
+
+class GroupedGemm : public ::testing::TestWithParam<GroupedCase> {};
+
+TEST_P(GroupedGemm, EveryGroupMatchesItsOwnFp64Gemm) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const GroupedCase gc = GetParam();
+  int64_t total = 0;
+  for (int r : gc.rows) total += r;
+  GroupedGemmDesc d;
+  d.num_groups = int(gc.rows.size());
+  d.max_rows = total + gc.extra_capacity;
+  d.n = gc.n;
+  d.k = gc.k;
+  d.b_layout = gc.layout;
+  GemmConfig cfg = choose_config(d, 0);
+  if (gc.block_n == 128) cfg = GemmConfig{128, 128, 64, 6, cfg.num_sms};
+  if (gc.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, cfg.num_sms};
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
+  // One big random problem: A [max_rows, K], B [G, ...], C [max_rows + guard, N].
+  constexpr int64_t kGuardRows = 8;
+  GemmDesc whole;
+  whole.m = d.max_rows + kGuardRows;
+  whole.n = d.n;
+  whole.k = d.k;
+  whole.b_layout = d.b_layout;
+  Problem big(whole, seed);  // its A and C; B is re-made per group below
+  __nv_bfloat16* b_all = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&b_all, size_t(d.num_groups) * d.n * d.k * 2));
+  {
+    std::mt19937_64 gen(seed + 1);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    std::vector<uint16_t> hb(size_t(d.num_groups) * d.n * d.k);
+    for (auto& x : hb) x = bf16::from_float(dist(gen)).bits;
+    CCFUSE_CUDA_CHECK(cudaMemcpy(b_all, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  }
+  int* rows_dev = nullptr;
+  int* overflow = nullptr;
+  void* ws = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&rows_dev, gc.rows.size() * sizeof(int)));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&overflow, sizeof(int)));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&ws, grouped_workspace_bytes(d)));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(rows_dev, gc.rows.data(), gc.rows.size() * sizeof(int), cudaMemcpyHostToDevice));
+  grouped_run(d, cfg, big.a, b_all, big.c, rows_dev, ws, overflow, nullptr);
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  int dropped = -1;
+  CCFUSE_CUDA_CHECK(cudaMemcpy(&dropped, overflow, sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(dropped, int(std::max<int64_t>(0, total - d.max_rows)));
+
+  // fp64 reference, group by group (rows past max_rows are dropped, as the kernel does).
+  const bool nk = d.b_layout == BLayout::kNK;
+  int64_t off = 0;
+  for (int g = 0; g < d.num_groups; ++g) {
+    const int64_t r = std::min<int64_t>(gc.rows[size_t(g)], d.max_rows - off);
+    if (r > 0) {
+      const dim3 block(16, 16), grid(unsigned((d.n + 15) / 16), unsigned((r + 15) / 16));
+      reference_gemm<<<grid, block>>>(static_cast<const __nv_bfloat16*>(big.a) + off * d.k, d.k,
+                                      b_all + size_t(g) * d.n * d.k, nk ? d.k : d.n, nk, big.ref + off * d.n, r, d.n, d.k);
+      CCFUSE_CUDA_CHECK_LAUNCH();
+      off += r;
+    }
+  }
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  // Compare the rows the groups own; the rows after them (and the guard rows) must still be poison.
+  std::vector<uint16_t> hc(size_t(whole.m * d.n));
+  std::vector<double> hr(size_t(whole.m * d.n));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), big.c, hc.size() * 2, cudaMemcpyDeviceToHost));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(hr.data(), big.ref, hr.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < off * d.n; ++i) {
+    const double v = bf16{hc[size_t(i)]}.to_float();
+    ASSERT_TRUE(std::isfinite(v)) << "unwritten output at row " << i / d.n;
+    num += (v - hr[size_t(i)]) * (v - hr[size_t(i)]);
+    den += hr[size_t(i)] * hr[size_t(i)];
+  }
+  for (int64_t i = off * d.n; i < whole.m * d.n; ++i)
+    ASSERT_EQ(hc[size_t(i)], 0xffff) << "row " << i / d.n << " past the groups was written";
+  if (off > 0) EXPECT_LE(std::sqrt(num / den), 1e-2);
+  cudaFree(b_all);
+  cudaFree(rows_dev);
+  cudaFree(overflow);
+  cudaFree(ws);
+}
+
+std::vector<GroupedCase> grouped_cases() {
+  std::vector<GroupedCase> out;
+  for (BLayout l : {BLayout::kKN, BLayout::kNK})
+    for (int bn : {256, 128}) {
+      const std::string suffix = std::string("_") + b_layout_name(l) + "_bn" + std::to_string(bn);
+      out.push_back({"mixed" + suffix, {0, 1, 127, 128, 129, 500, 0, 1000}, 512, 256, l, bn, 0});
+      out.push_back({"one_group_takes_all" + suffix, {0, 0, 3000, 0}, 768, 520, l, bn, 64});
+    }
+  // Zipf-like skew over 64 experts, some empty.
+  std::vector<int> zipf;
+  for (int e = 0; e < 64; ++e) zipf.push_back(e % 9 == 4 ? 0 : int(4000 / (e + 1)));
+  out.push_back({"zipf64_kn", zipf, 768, 2048, BLayout::kKN, 0, 0});
+  out.push_back({"all_empty", {0, 0, 0}, 256, 128, BLayout::kKN, 0, 16});
+  out.push_back({"overflow_drops_rows", {300, 300, 300}, 256, 128, BLayout::kKN, 256, -200});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, GroupedGemm, ::testing::ValuesIn(grouped_cases()),
+                         [](const ::testing::TestParamInfo<GroupedCase>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace ccfuse::gemm
