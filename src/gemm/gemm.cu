@@ -93,8 +93,14 @@ void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
 
 template <class E, int BM, int BN, int BK, int S>
 void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
-  if (d.b_layout == BLayout::kNK) launch<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, s);
-  else launch<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, s);
+  const bool nk = d.b_layout == BLayout::kNK;
+  if (cfg.cluster_m == 2) {
+    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true, 2>>(d, cfg, a, b, c, s);
+    else launch<sm90::Traits<E, BM, BN, BK, S, false, 2>>(d, cfg, a, b, c, s);
+  } else {
+    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, s);
+    else launch<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, s);
+  }
 }
 
 template <class E>
@@ -133,6 +139,7 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
                    " stages is not built (built: 128x256x64/4, 128x128x64/6)");
   CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
   CCFUSE_ARG_CHECK(cfg.group_m >= 1, "group_m ", cfg.group_m, " must be at least 1");
+  CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, "cluster_m ", cfg.cluster_m, " must be 1 or 2");
 }
 
 GemmConfig choose_config(const GemmDesc& d, int num_sms) {
@@ -157,13 +164,16 @@ GemmConfig choose_config(const GemmDesc& d, int num_sms) {
     }
   }
   best.num_sms = sms;
+  // CTA pairs sharing B need at least two row tiles and a budget for at least one pair.
+  best.cluster_m = ceil_div(d.m, best.block_m) >= 2 && sms >= 2 ? 2 : 1;
   return best;
 }
 
 std::string to_string(const GemmConfig& c) {
   std::ostringstream os;
   os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
-     << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m;
+     << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m
+     << " cluster=" << c.cluster_m;
   return os.str();
 }
 
@@ -201,14 +211,15 @@ GemmDesc as_plain(const GroupedGemmDesc& d) {
 
 void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
+  CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
   validate(as_plain(d), cfg);
 }
 
 GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms) {
-  // Expected rows per group decide the tile: many small groups waste less with 128x128.
-  GemmDesc p = as_plain(d);
-  return choose_config(p, num_sms);
+  GemmConfig c = choose_config(as_plain(d), num_sms);
+  c.cluster_m = 1;  // CTA pairs would straddle group boundaries
+  return c;
 }
 
 size_t grouped_workspace_bytes(const GroupedGemmDesc& d) {

@@ -41,11 +41,12 @@ struct Case {
   int block_n;      // 256 or 128; 0 = choose_config
   int num_sms;      // 0 = all
   bool col_major;
+  int cluster = 0;  // 1 or 2; 0 = choose_config's
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
-                         c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row");
+                         c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster);
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -131,6 +132,7 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   if (c.block_n == 128) cfg = GemmConfig{128, 128, 64, 6, cfg.num_sms};
   if (c.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, cfg.num_sms};
   cfg.order = c.col_major ? TileOrder::kColumnMajor : TileOrder::kRowMajor;
+  if (c.cluster) cfg.cluster_m = c.cluster;
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -146,17 +148,20 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (DType t : {DType::kBFloat16, DType::kFloat16})
     for (BLayout l : {BLayout::kNK, BLayout::kKN})
-      for (int bn : {256, 128}) {
-        out.push_back({1000, 776, 520, t, l, bn, 0, false});  // M, N not multiples of the tile
-        out.push_back({48, 200, 24, t, l, bn, 0, false});     // M < 64, K = 8 * 3
-        out.push_back({2048, 3072, 1032, t, l, bn, 0, false});
-      }
+      for (int bn : {256, 128})
+        for (int cl : {1, 2}) {
+          out.push_back({1000, 776, 520, t, l, bn, 0, false, cl});  // M, N not multiples of the tile
+          out.push_back({48, 200, 24, t, l, bn, 0, false, cl});     // M < 64, K = 8 * 3 (cl 2: a dummy partner)
+          out.push_back({2048, 3072, 1032, t, l, bn, 0, false, cl});
+        }
   out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kKN, 0, 0, false});
   out.push_back({3000, 5000, 1000, DType::kBFloat16, BLayout::kNK, 256, 100, false});  // SM budget
   out.push_back({3000, 5000, 1000, DType::kBFloat16, BLayout::kNK, 256, 116, true});   // column-major
   out.push_back({1, 8, 8, DType::kBFloat16, BLayout::kKN, 0, 0, false});
   out.push_back({777, 1030, 8, DType::kBFloat16, BLayout::kNK, 128, 7, false});  // odd ldc: scalar stores
+  out.push_back({777, 1030, 8, DType::kBFloat16, BLayout::kNK, 256, 7, false, 2});  // odd row tiles, odd SM budget
+  out.push_back({3000, 5000, 1000, DType::kBFloat16, BLayout::kKN, 256, 100, true, 2});
   return out;
 }
 

@@ -42,6 +42,7 @@ struct GemmConfig {
   int num_sms = 0;  // CTAs of the persistent grid; 0 = every SM. An SM budget leaves the rest free.
   TileOrder order = TileOrder::kRowMajor;
   int group_m = 8;
+  int cluster_m = 1;  // 2: CTA pairs on adjacent row tiles share B by TMA multicast (plain GEMM only)
 };
 
 // Throws InvalidArgument naming the argument and the rule: positive sizes; dtype bf16 or fp16;

@@ -29,6 +29,7 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/arch/cluster_sm90.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
@@ -40,10 +41,14 @@ namespace ccfuse::gemm::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_>
+template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1>
 struct Traits {
   using Element = Element_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
+  // CTAs per cluster along M. With 2, the two CTAs compute vertically adjacent tiles that share
+  // their B tile: each loads half of it and multicasts it to both (a third less L2 traffic).
+  static constexpr int kClusterM = kClusterM_;
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs");
   static constexpr bool kBNK = kBNK_;  // B stored [N, K] (K-major); else [K, N] (N-major)
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
@@ -85,7 +90,9 @@ struct Traits {
       return make_tensor(make_gmem_ptr(b), make_shape(int(n), int(k), groups), make_stride(_1{}, ldb, group_stride));
   }
   using TmaA = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0)));
-  using TmaB = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_b(nullptr, 1, 1, 1, 1, 1), SmemLayoutB{}(_, _, 0)));
+  using TmaLoadB = conditional_t<kClusterM == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
+  using TmaB = decltype(make_tma_copy(TmaLoadB{}, gmem_b(nullptr, 1, 1, 1, 1, 1), SmemLayoutB{}(_, _, 0),
+                                      Int<kClusterM>{}));
 };
 
 // The plain schedule: all tiles of one problem, grouped row-major or column-major.
@@ -103,6 +110,17 @@ struct PlainSchedule {
   CCFUSE_HD TileWork work(int64_t idx) const {
     const TileCoord c = coord(idx);
     return TileWork{c.m_tile, c.n_tile, 0, int64_t(c.m_tile) * block_m, m};
+  }
+  // 2-CTA clusters: unit `idx` is a pair of vertically adjacent tiles; CTA `rank` takes row tile
+  // 2 * pair + rank. With an odd number of row tiles the last pair's second tile lies past M: it
+  // loads zeros, still multicasts its half of B to its partner, and stores nothing.
+  CCFUSE_HD int64_t num_pairs() const { return int64_t((m_tiles + 1) / 2) * n_tiles; }
+  CCFUSE_HD TileWork work_pair(int64_t idx, int rank) const {
+    const int m_pairs = (m_tiles + 1) / 2;
+    const TileCoord c =
+        col_major ? column_major(idx, m_pairs) : grouped_row_major(idx, m_pairs, n_tiles, group_m > 1 ? group_m / 2 : 1);
+    const int mt = 2 * c.m_tile + rank;
+    return TileWork{mt, c.n_tile, 0, int64_t(mt) * block_m, m};
   }
   __device__ bool wait_ready(const TileWork&) { return true; }
 };
@@ -207,20 +225,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto* full = reinterpret_cast<FullBarrier*>(ss.full);
   auto* empty = reinterpret_cast<EmptyBarrier*>(ss.empty);
 
+  constexpr int kCluster = Traits::kClusterM;
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      full[s].init(1);                             // the producer's arrive_and_expect_tx
-      empty[s].init(128 * Traits::kConsumerWGs);   // every consumer thread releases
+      full[s].init(1);  // the producer's arrive_and_expect_tx
+      // Unclustered: every consumer thread releases. Clustered: one lane per consumer warp of
+      // each CTA of the cluster (the stage is refilled by multicasts from both).
+      empty[s].init(kCluster == 1 ? 128 * Traits::kConsumerWGs : 4 * Traits::kConsumerWGs * kCluster);
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    cute::cluster_arrive_relaxed();  // barriers initialised before any remote arrive or multicast
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
+  const int cta_rank = kCluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
+  const int unit_start = blockIdx.x / kCluster, unit_stride = gridDim.x / kCluster;
 
   Tensor sA = make_tensor(make_smem_ptr(ss.a), typename Traits::SmemLayoutA{});  // (BM, BK, stages)
   Tensor sB = make_tensor(make_smem_ptr(ss.b), typename Traits::SmemLayoutB{});  // (BN, BK, stages)
   const int k_tiles = (p.k + Traits::kBlockK - 1) / Traits::kBlockK;
-  const int64_t num_tiles = sched.num_tiles();
+  int64_t num_units;
+  if constexpr (kCluster > 1) num_units = sched.num_pairs();
+  else num_units = sched.num_tiles();
+  auto work_of = [&](int64_t u) {
+    if constexpr (kCluster > 1) return sched.work_pair(u, cta_rank);
+    else return sched.work(u);
+  };
 
   if (warp_group == 0) {
     // ---------------- producer ----------------
@@ -231,8 +265,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
       int stage = 0;
       uint32_t phase = 0;
-      for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        const TileWork w = sched.work(t);
+      for (int64_t t = unit_start; t < num_units; t += unit_stride) {
+        const TileWork w = work_of(t);
         if constexpr (Schedule::kHasReady) {
           // On a watchdog timeout wait_ready returns false and we load the tile anyway: the
           // consumers must not hang on a stage that never fills; the output is garbage and the
@@ -248,12 +282,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
                                make_coord(w.n_tile, _));
         auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-        auto [tBgB, tBsB] = tma_partition(tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+        auto [tBgB, tBsB] = tma_partition(tma_b, cta_rank, Layout<Int<kCluster>>{}, group_modes<0, 2>(sB),
+                                          group_modes<0, 2>(gB));
         for (int kb = 0; kb < k_tiles; ++kb) {
           empty[stage].wait(phase ^ 1);
           full[stage].arrive_and_expect_tx(Traits::kStageBytes);
           copy(tma_a.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
-          copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage])), tBgB(_, kb), tBsB(_, stage));
+          if constexpr (kCluster > 1)
+            copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage]), uint16_t((1 << kCluster) - 1)), tBgB(_, kb),
+                 tBsB(_, stage));
+          else
+            copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage])), tBgB(_, kb), tBsB(_, stage));
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1;
@@ -273,8 +312,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor tCrB = thr.make_fragment_B(tCsB);
     int stage = 0;
     uint32_t phase = 0;
-    for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const TileWork w = sched.work(t);
+    // Releases a stage: to the local producer, or to every producer of the cluster (each of them
+    // multicasts into this CTA's copy of the stage).
+    auto release = [&](int s) {
+      if constexpr (kCluster > 1) {
+        __syncwarp();
+        if (threadIdx.x % 32 == 0)
+          for (int c = 0; c < kCluster; ++c) empty[s].arrive(uint32_t(c), 1u);
+      } else {
+        empty[s].arrive();
+      }
+    };
+    for (int64_t t = unit_start; t < num_units; t += unit_stride) {
+      const TileWork w = work_of(t);
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       mma.accumulate_ = GMMA::ScaleOut::Zero;
       int prev_stage = -1;
@@ -291,7 +341,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // Keep this batch in flight; the previous one has finished reading its stage.
         warpgroup_wait<1>();
         warpgroup_fence_operand(accum);
-        if (prev_stage >= 0) empty[prev_stage].arrive();
+        if (prev_stage >= 0) release(prev_stage);
         prev_stage = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -300,7 +350,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
-      if (prev_stage >= 0) empty[prev_stage].arrive();
+      if (prev_stage >= 0) release(prev_stage);
       store_tile<Traits>(p, accum, consumer_idx, w);
       if constexpr (Epilogue::kHasNotify) {
         // Every consumer thread's stores happen-before the notify of the tile.
@@ -308,6 +358,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (consumer_idx == 0) epi.notify(w);
       }
     }
+  }
+  if constexpr (kCluster > 1) {
+    // No CTA leaves while its partner may still arrive on its barriers.
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
   }
 #endif
 }
@@ -336,17 +391,45 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
   using E = typename Traits::Element;
   auto tma_a = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
                              typename Traits::SmemLayoutA{}(_, _, 0));
-  auto tma_b = make_tma_copy(SM90_TMA_LOAD{},
+  auto tma_b = make_tma_copy(typename Traits::TmaLoadB{},
                              Traits::gmem_b(static_cast<const E*>(b), n, k, ldb, groups, group_stride ? group_stride : n * k),
-                             typename Traits::SmemLayoutB{}(_, _, 0));
+                             typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kClusterM>{});
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
   if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaFuncSetAttribute: ", cudaGetErrorString(err)));
-  const int64_t tiles = sched.max_tiles();
-  const int grid = int(tiles < grid_sms ? tiles : grid_sms);
-  if (grid <= 0) return;
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b);
+  if constexpr (Traits::kClusterM == 1) {
+    const int64_t tiles = sched.max_tiles();
+    const int grid = int(tiles < grid_sms ? tiles : grid_sms);
+    if (grid <= 0) return;
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b);
+  } else {
+    static_assert(std::is_same_v<Schedule, PlainSchedule>, "clusters are built for the plain schedule only");
+    cudaLaunchConfig_t config{};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = Traits::kClusterM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    // A persistent grid must fit at once: clusters are placed within a GPC, so fewer than
+    // SMs / 2 of them may be co-resident.
+    int max_clusters = 0;
+    config.gridDim = dim3(unsigned(grid_sms / Traits::kClusterM * Traits::kClusterM));
+    err = cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
+    if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaOccupancyMaxActiveClusters: ", cudaGetErrorString(err)));
+    int64_t clusters = sched.num_pairs();
+    if (clusters > grid_sms / Traits::kClusterM) clusters = grid_sms / Traits::kClusterM;
+    if (clusters > max_clusters) clusters = max_clusters;
+    if (clusters <= 0) return;
+    config.gridDim = dim3(unsigned(clusters * Traits::kClusterM));
+    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b);
+    if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cluster launch failed: ", cudaGetErrorString(err)));
+  }
   err = cudaGetLastError();
   if (err != cudaSuccess) throw Error(detail::str_cat("gemm: launch failed: ", cudaGetErrorString(err)));
 }
