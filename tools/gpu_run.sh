@@ -2,15 +2,15 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm]
-#   (default: tests comm tp; gemm runs when named: ~2-4 minutes on one H200)
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped]
+#   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NOTE: NVLink multicast stays off everywhere (it can take the shared GPUs down).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$OUT"
-BIN=.carry/bin
+BIN=${CCFUSE_BIN:-.carry/bin}  # CCFUSE_BIN: another staged build
 export CCFUSE_COMMIT=$(tr -d '\n' < .carry/commit 2>/dev/null || echo unknown)
 what=${*:-tests comm tp}
 
@@ -92,7 +92,38 @@ if [[ " $what " == *" gemm "* ]]; then
   python3 tools/summarize_gemm.py --table "$OUT/gemm.jsonl" 2>&1 | tee "$OUT/gemm_summary.log"
   summary+=("gemm bench: $(wc -l < "$OUT/gemm.jsonl") records; $(grep -m1 '^geomean' "$OUT/gemm_summary.log")")
 fi
+if [[ " $what " == *" grouped "* ]]; then
+  # MoE expert GEMMs on GPU 0 (docs/grouped-bench.md): a few checks (partial tiles, empty experts,
+  # kn, fp16, one large case past the full-check bound), then the DESIGN §5 MoE shapes at EP=2 as
+  # one GPU sees them (tools/moe_grouped.py: 37 cases, up/gate and down, uniform and zipf, plus
+  # empty_some) against cuBLAS's grouped GEMM, then torch._grouped_mm on the same cases, merged.
+  : > "$OUT/grouped_check.log"; : > "$OUT/grouped.log"; : > "$OUT/grouped.jsonl"; : > "$OUT/grouped_torch.jsonl"
+  for spec in "8 300 2 520 776 uniform nk bf16" "8 300 2 520 776 zipf kn bf16" "8 300 2 520 776 empty_some nk bf16" \
+              "4 257 3 384 64 one_hot kn bf16" "16 500 4 1536 2048 zipf nk fp16" "4 8192 2 28672 4096 zipf nk bf16"; do
+    set -- $spec
+    timeout 120 $BIN/ccfuse check --op grouped_gemm --experts $1 --tokens $2 --topk $3 --n $4 --k $5 --routing $6 \
+      --b-layout $7 --dtype $8 2>&1 | tee -a "$OUT/grouped_check.log" | tail -n 1
+    rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  done
+  summary+=("grouped check: $(grep -c '^PASS' "$OUT/grouped_check.log") PASS, $(grep -c '^FAIL' "$OUT/grouped_check.log") FAIL")
+  t0=$SECONDS
+  while read -r args; do
+    timeout 120 $BIN/ccfuse bench --op grouped_gemm $args --dtype bf16 --iters 10 --json "$OUT/grouped.jsonl" \
+      < /dev/null >> "$OUT/grouped.log" 2>&1
+    rc=$?; [ $rc = 0 ] || { status=1; echo "grouped bench $args: rc=$rc" | tee -a "$OUT/grouped.log"; }
+  done < <(python3 tools/moe_grouped.py --only "${CCFUSE_GROUPED_ONLY:-}")
+  echo "grouped section: $((SECONDS - t0)) s of ccfuse benches" | tee -a "$OUT/grouped.log"
+  t0=$SECONDS
+  timeout 400 python3 tools/torch_grouped_bench.py --json "$OUT/grouped_torch.jsonl" --iters 20 \
+    --only "${CCFUSE_GROUPED_ONLY:-}" \
+    > "$OUT/grouped_torch.log" 2>&1 || { status=1; tail -n 5 "$OUT/grouped_torch.log"; }
+  echo "grouped section: $((SECONDS - t0)) s of torch benches" | tee -a "$OUT/grouped.log"
+  python3 tools/merge_peer.py "$OUT/grouped.jsonl" "$OUT/grouped_torch.jsonl" --out "$OUT/grouped_merged.jsonl" \
+    --table > "$OUT/grouped_summary.log" 2>&1 || status=1
+  summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse + $(wc -l < "$OUT/grouped_torch.jsonl") torch records; $(grep -m1 '^geomean' "$OUT/grouped_summary.log")")
+fi
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done
 [ -f "$OUT/comm_microbench.log" ] && tail -n 40 "$OUT/comm_microbench.log"
+[[ " $what " == *" grouped "* ]] && cat "$OUT/grouped_summary.log"
 exit $status

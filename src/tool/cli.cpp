@@ -56,7 +56,8 @@ const OptionSpec kOptionSpecs[] = {
     {"--k", false},           {"--dtype", false},      {"--backend", false},     {"--seed", false},
     {"--watchdog-ms", false}, {"--block-m", false},    {"--block-n", false},     {"--iters", true},
     {"--warmup", true},       {"--json", true},        {"--print-config", false}, {"--inject-fault", false},
-    {"--b-layout", false},    {"--sms", false},
+    {"--b-layout", false},    {"--sms", false},         {"--experts", false},     {"--tokens", false},
+    {"--topk", false},        {"--routing", false},
 };
 
 bool takes_value(const std::string& name) { return name != "--print-config" && name != "--inject-fault"; }
@@ -101,6 +102,10 @@ uint64_t parse_seed(const std::string& text) {
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+// --op grouped_gemm: bounds that keep the host-side bookkeeping small and the rows (tokens * topk,
+// an int on the device) in range.
+constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxTopk = 64;
 
 // What parse_args checks only once every option is known: the --dtype text (its rule depends on
 // the op) and the options given (--b-layout/--sms belong to --op gemm).
@@ -168,6 +173,14 @@ void set_option(Options& o, ParseState& st, const std::string& name, const std::
   } else if (name == "--sms") {
     // The upper bound (the GPU's SM count) is checked where the GPU is known (gpu_gemm_bench.cu).
     o.sms = int(parse_int(name, value, 0, kIntMax, "must be at least 0 (0 = every SM)"));
+  } else if (name == "--experts") {
+    o.experts = int(parse_int(name, value, 1, kMaxExperts, "must be at least 1"));
+  } else if (name == "--tokens") {
+    o.tokens = parse_int(name, value, 1, kIntMax, "must be a positive integer");
+  } else if (name == "--topk") {
+    o.topk = int(parse_int(name, value, 1, kMaxTopk, "must be at least 1"));
+  } else if (name == "--routing") {
+    o.routing = parse_routing(value);
   }
 }
 
@@ -175,7 +188,7 @@ void set_option(Options& o, ParseState& st, const std::string& name, const std::
 // is a 16-bit tensor-core kernel (bf16, fp16).
 void check_dtype(Options& o, const std::string& text) {
   if (text.empty()) return;  // default bf16: every op has it
-  const bool gemm = o.op == "gemm";
+  const bool gemm = o.op == "gemm" || o.op == "grouped_gemm";
   const char* supported = gemm ? "bf16, fp16" : "fp32, bf16";
   if (text == "bf16") {
     o.dtype = DType::kBFloat16;
@@ -188,16 +201,38 @@ void check_dtype(Options& o, const std::string& text) {
   }
 }
 
-// The rules of --op gemm (one GPU, no CPU version) and of its options on the other ops.
+// The rules of --op gemm and grouped_gemm (one GPU, no CPU version) and of their options on the
+// other ops.
 void check_gemm_rules(const Options& o, const std::set<std::string>& seen) {
-  if (o.op != "gemm") {
-    for (const char* name : {"--b-layout", "--sms"})
-      CCFUSE_ARG_CHECK(seen.count(name) == 0, name, " applies to --op gemm only");
+  const bool grouped = o.op == "grouped_gemm";
+  if (!grouped)
+    for (const char* name : {"--experts", "--tokens", "--topk", "--routing"})
+      CCFUSE_ARG_CHECK(seen.count(name) == 0, name, " applies to --op grouped_gemm only");
+  if (grouped) {
+    // The cuBLAS baseline gets every SM: an SM budget would compare unlike things.
+    CCFUSE_ARG_CHECK(seen.count("--sms") == 0, "--sms applies to --op gemm only");
+  } else if (o.op != "gemm") {
+    CCFUSE_ARG_CHECK(seen.count("--b-layout") == 0, "--b-layout applies to --op gemm and grouped_gemm only");
+    CCFUSE_ARG_CHECK(seen.count("--sms") == 0, "--sms applies to --op gemm only");
     return;
   }
   CCFUSE_ARG_CHECK(o.world_size == 0 || o.world_size == 1, "--world-size ", o.world_size,
-                   " is not allowed for --op gemm (single GPU)");
-  CCFUSE_ARG_CHECK(o.backend != Backend::kCpu, "--op gemm needs the GPU backend (no CPU reference world version)");
+                   " is not allowed for --op ", o.op, " (single GPU)");
+  CCFUSE_ARG_CHECK(o.backend != Backend::kCpu, "--op ", o.op, " needs the GPU backend (no CPU reference world version)");
+}
+
+// --op grouped_gemm: E, T and k are required, --m is not an option (m = T * k, set here), and the
+// routing must be possible.
+void check_grouped_rules(Options& o, const std::set<std::string>& seen) {
+  CCFUSE_ARG_CHECK(seen.count("--m") == 0, "--m does not apply to --op grouped_gemm (its rows are --tokens x --topk)");
+  CCFUSE_ARG_CHECK(o.experts > 0, "--experts is required for --op grouped_gemm");
+  CCFUSE_ARG_CHECK(o.tokens > 0, "--tokens is required for --op grouped_gemm");
+  CCFUSE_ARG_CHECK(o.topk > 0, "--topk is required for --op grouped_gemm");
+  CCFUSE_ARG_CHECK(o.tokens * o.topk <= kIntMax, "--tokens ", o.tokens, " x --topk ", o.topk,
+                   " rows is out of range (at most ", kIntMax, ")");
+  CCFUSE_ARG_CHECK(o.routing != Routing::kEmptySome || o.experts >= 2,
+                   "--routing empty_some needs --experts of at least 2 (it empties the even experts)");
+  o.m = o.tokens * o.topk;
 }
 
 // The rules between the sizes and the world size. `defaulted` words the message for a world
@@ -267,7 +302,7 @@ std::string one_line(const char* what) {
 }  // namespace
 
 const std::vector<std::string>& known_ops() {
-  static const std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar", "gemm"};
+  static const std::vector<std::string> ops = {"ag_gemm", "gemm_rs", "gemm_ar", "gemm", "grouped_gemm"};
   return ops;
 }
 
@@ -281,6 +316,8 @@ const char* backend_name(Backend b) {
 }
 
 bool is_gemm(const Options& options) { return options.op == "gemm"; }
+bool is_grouped(const Options& options) { return options.op == "grouped_gemm"; }
+bool is_single_gpu(const Options& options) { return is_gemm(options) || is_grouped(options); }
 
 int64_t local_k(const Options& options) {
   return is_k_split(options.op) && options.world_size > 0 ? options.k / options.world_size : options.k;
@@ -343,6 +380,7 @@ Options parse_args(int argc, const char* const* argv) {
   CCFUSE_ARG_CHECK(!o.op.empty(), "--op is required");
   check_dtype(o, st.dtype_text);
   check_gemm_rules(o, seen);
+  if (is_grouped(o)) check_grouped_rules(o, seen);
   CCFUSE_ARG_CHECK(o.m > 0, "--m is required");
   CCFUSE_ARG_CHECK(o.n > 0, "--n is required");
   CCFUSE_ARG_CHECK(o.k > 0, "--k is required");
@@ -353,12 +391,13 @@ Options parse_args(int argc, const char* const* argv) {
 std::string resolve(Options& o, int num_gpus) {
   if (o.command != Command::kCheck && o.command != Command::kBench) return "";
   if (num_gpus < 0) num_gpus = 0;
-  if (is_gemm(o)) {
+  if (is_single_gpu(o)) {
     // One GPU, no CPU version: auto means the GPU, and there must be one. (parse_args already
     // refused --backend cpu and world sizes other than 1; options built by hand meet them here.)
     check_gemm_rules(o, {});
     if (o.backend == Backend::kAuto) {
-      CCFUSE_ARG_CHECK(num_gpus >= 1, "--op gemm needs the GPU backend (no CPU reference world version); no GPU found");
+      CCFUSE_ARG_CHECK(num_gpus >= 1, "--op ", o.op,
+                       " needs the GPU backend (no CPU reference world version); no GPU found");
       o.backend = Backend::kGpu;
     }
     CCFUSE_ARG_CHECK(num_gpus >= 1, "--backend gpu needs at least 1 GPU; none found");
@@ -405,6 +444,8 @@ usage:
                [--backend auto|cpu|gpu] [--seed S]
   ccfuse bench --op OP --m M --n N --k K [...check options] [--iters N] [--warmup N] [--json FILE]
   ccfuse check|bench --op gemm --m M --n N --k K [--dtype bf16|fp16] [--b-layout nk|kn] [--sms N]
+  ccfuse check|bench --op grouped_gemm --experts E --tokens T --topk K_TOP --n N --k K
+               [--routing uniform|zipf|one_hot|empty_some] [--dtype bf16|fp16] [--b-layout nk|kn]
   ccfuse help | --help          this text
   ccfuse --version              the version
 
@@ -426,6 +467,11 @@ ops (W = world size, r = rank; --m is the global M and --k the global K):
             world size 1); B is [N, K] (--b-layout nk, a torch Linear weight) or [K, N] (kn).
             bench times it against the best of cuBLASLt's heuristic algorithms on the same
             problem and reports TFLOP/s of both (t_fused = ccfuse, t_gemm = cuBLASLt).
+  grouped_gemm  MoE expert GEMMs on one GPU (GPU backend only): the T * K_TOP rows of A [T*K_TOP, K]
+            spread over E experts by --routing (expert-sorted); rows of expert e times B_e
+            (B [E, N, K] for nk, [E, K, N] for kn). The rows per expert are read from device
+            memory. bench times it against cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx,
+            one group per non-empty expert) and reports TFLOP/s (2 * T * K_TOP * N * K / t).
 
 options:
   --op OP            ag_gemm | gemm_rs | gemm_ar | gemm (required)
@@ -436,8 +482,13 @@ options:
   --seed S           input seed, a non-negative integer (default: fresh; always printed)
   --watchdog-ms T    bound of every wait on another rank (default 5000)
   --block-m, --block-n  tile shape of the CPU reference world (default 64 x 64)
-  --b-layout L       gemm: B stored nk = [N, K] (default) or kn = [K, N]
+  --b-layout L       gemm, grouped_gemm: B stored nk = [N, K] (default) or kn = [K, N] (per expert)
   --sms N            gemm: SM budget of the persistent grid (default 0 = every SM; at most the GPU's)
+  --experts E        grouped_gemm: experts (groups), 1..4096 (required)
+  --tokens T         grouped_gemm: tokens before top-k (required); rows = T * K_TOP
+  --topk K_TOP       grouped_gemm: rows per token, 1..64 (required)
+  --routing R        grouped_gemm: uniform (default: equal split) | zipf (expert e's share ~ 1/(e+1)^1.2)
+                     | one_hot (all rows to expert 0) | empty_some (odd experts only; E >= 2)
   --print-config     print the resolved options (key=value lines; gemm: also its engine config)
   --iters N          bench: timed runs, median reported (default 20)
   --warmup N         bench: untimed runs first (default 3)
@@ -467,6 +518,17 @@ std::string format_config(const Options& o) {
   if (is_gemm(o))
     os << "b_layout=" << gemm::b_layout_name(o.b_layout) << "\n"
        << "sms=" << o.sms << "\n";
+  if (is_grouped(o)) {
+    os << "b_layout=" << gemm::b_layout_name(o.b_layout) << "\n"
+       << "experts=" << o.experts << "\n"
+       << "tokens=" << o.tokens << "\n"
+       << "topk=" << o.topk << "\n"
+       << "routing=" << routing_name(o.routing) << "\n"
+       << "group_rows=";
+    const auto rows = grouped_rows(o.experts, o.m, o.routing);
+    for (size_t e = 0; e < rows.size(); ++e) os << (e ? "," : "") << rows[e];
+    os << "\n";
+  }
   if (o.command == Command::kBench)
     os << "iters=" << o.iters << "\n"
        << "warmup=" << o.warmup << "\n"
@@ -506,7 +568,7 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
     if (o.print_config) {
       out << format_config(o);
       // The engine's choice needs the GPU (its SM count): the GPU side formats it.
-      if (is_gemm(o) && on_gpu && gpu.gemm_config) out << "gemm_config=" << gpu.gemm_config(o) << "\n";
+      if (is_single_gpu(o) && on_gpu && gpu.gemm_config) out << "gemm_config=" << gpu.gemm_config(o) << "\n";
       out << std::flush;
     }
 
@@ -523,6 +585,14 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
     rec.m = o.m;
     rec.n = o.n;
     rec.k = o.k;
+    if (is_grouped(o)) {
+      rec.experts = o.experts;
+      rec.topk = o.topk;
+      rec.tokens_per_rank = o.tokens;
+      rec.routing = routing_name(o.routing);
+      if (rec.b_layout.empty()) rec.b_layout = gemm::b_layout_name(o.b_layout);
+      if (rec.group_rows.empty()) rec.group_rows = grouped_rows(o.experts, o.m, o.routing);
+    }
     rec.dtype = dtype_name(o.dtype);
     rec.backend = backend_name(o.backend);
     rec.command = command_line(argc, argv);

@@ -5,6 +5,10 @@
 //   ccfuse bench --op OP ... [--iters N] [--warmup N] [--json FILE]
 //   ccfuse check|bench --op gemm --m M --n N --k K [--dtype bf16|fp16] [--b-layout nk|kn] [--sms N]
 //     (the single-GPU Hopper GEMM engine against an fp64 reference (check) and cuBLASLt (bench))
+//   ccfuse check|bench --op grouped_gemm --experts E --tokens T --topk k --n N --k K
+//               [--routing uniform|zipf|one_hot|empty_some] [--b-layout nk|kn] [--dtype bf16|fp16]
+//     (the engine's grouped GEMM (MoE experts) on one GPU, against fp64 (check) and cuBLAS's
+//      grouped GEMM (bench); the T*k rows spread over the E experts by the routing)
 //
 // Exit codes: 0 PASS (or bench done), 1 FAIL (wrong answer), 2 bad input (one line on stderr
 // naming the argument and the rule), 3 runtime error (CUDA/NCCL/watchdog...).
@@ -23,10 +27,12 @@ namespace ccfuse::tool {
 
 enum class Command { kCheck, kBench, kHelp, kVersion };
 enum class Backend { kAuto, kCpu, kGpu };
+// How the rows of --op grouped_gemm spread over the experts (grouped_rows).
+enum class Routing { kUniform, kZipf, kOneHot, kEmptySome };
 
 struct Options {
   Command command = Command::kHelp;
-  std::string op;                 // ag_gemm | gemm_rs | gemm_ar | gemm
+  std::string op;                 // ag_gemm | gemm_rs | gemm_ar | gemm | grouped_gemm
   int world_size = 0;             // 0 = default: GPUs present (gpu backend) or 2 (cpu); gemm: 1
   int64_t m = 0, n = 0, k = 0;
   DType dtype = DType::kBFloat16;
@@ -41,6 +47,12 @@ struct Options {
   // --op gemm only (single GPU, GPU backend only):
   gemm::BLayout b_layout = gemm::BLayout::kNK;  // B [N, K] (nk, a torch Linear weight; default) or [K, N] (kn)
   int sms = 0;                    // SM budget of the persistent GEMM grid; 0 = every SM (checked against the GPU)
+  // --op grouped_gemm only (single GPU, GPU backend only): E experts (groups), T tokens, top-k;
+  // the T*k rows (= m, set by parse_args) spread over the experts by `routing` (grouped_rows).
+  int experts = 0;
+  int64_t tokens = 0;
+  int topk = 0;
+  Routing routing = Routing::kUniform;
   // Hidden (not in --help): corrupt one output element before the comparison, so that tests can
   // prove the checker fails when the answer is wrong.
   bool inject_fault = false;
@@ -80,6 +92,15 @@ struct BenchRecord {
   double tflops = -1, tflops_cublas = -1, pct_of_cublas = -1, rel_err_cublas = -1;
   std::string config, b_layout, cublas_algo;
   int sms = -1, gpu_sms = -1;
+  // --op grouped_gemm (added fields, written only when set; DESIGN §5 MoE fields): experts, topk,
+  // tokens_per_rank (= --tokens: the tokens whose top-k rows this GPU's experts take), routing,
+  // the rows per expert, and the best baseline (cuBLAS grouped GEMM): its name, throughput and
+  // ccfuse's percentage of it (t_gemm_ms is the baseline's time, t_fused_ms ccfuse's).
+  int experts = -1, topk = -1;
+  int64_t tokens_per_rank = -1;
+  std::string routing, baseline;
+  std::vector<int64_t> group_rows;
+  double tflops_baseline = -1, pct_of_baseline = -1, rel_err_baseline = -1;
 };
 std::string to_json_line(const BenchRecord& r);
 
@@ -95,6 +116,10 @@ BenchRecord gpu_bench(const Options& options, std::ostream& log);
 CheckResult gpu_gemm_check(const Options& options, std::ostream& log);
 BenchRecord gpu_gemm_bench(const Options& options, std::ostream& log);
 std::string gpu_gemm_config(const Options& options);  // "block=... stages=... sms=..." (no CUDA: throws)
+// --op grouped_gemm on one GPU (gpu_grouped_bench.cu; gpu_check/gpu_bench hand it to these).
+CheckResult gpu_grouped_check(const Options& options, std::ostream& log);
+BenchRecord gpu_grouped_bench(const Options& options, std::ostream& log);
+std::string gpu_grouped_config(const Options& options);
 
 // The GPU side of the tool as three entry points. run_tool() passes the real ones (gpu_backend.cu,
 // or gpu_stub.cpp without CUDA); tests pass fakes to drive the backend selection on a host
@@ -121,6 +146,26 @@ std::string usage();
 // The resolved options, one key=value per line (--print-config).
 std::string format_config(const Options& options);
 bool is_gemm(const Options& options);  // --op gemm: the single-GPU GEMM engine
+bool is_grouped(const Options& options);  // --op grouped_gemm: the engine's grouped GEMM (MoE experts)
+bool is_single_gpu(const Options& options);  // gemm or grouped_gemm: one GPU, no CPU version
+
+// ---- --op grouped_gemm routing -------------------------------------------------------------
+
+// "uniform" | "zipf" | "one_hot" | "empty_some"; parse_routing throws InvalidArgument otherwise.
+const char* routing_name(Routing r);
+Routing parse_routing(const std::string& text);
+// Exponent s of the zipf routing: expert e (0-based) gets a share proportional to 1/(e+1)^s.
+constexpr double kZipfExponent = 1.2;
+// Rows per expert of `total_rows` (= tokens * topk) routed over `experts` experts, deterministic
+// (the same on every host; tools/moe_grouped.py is the Python twin, tests pin both):
+//   uniform     total/E each, the first total%E experts one more;
+//   zipf        integer weights w_e = llround(2^30 / (e+1)^kZipfExponent); expert e gets
+//               floor(total * w_e / sum(w)) (exact integer arithmetic), and the remainder goes one
+//               row each to the first experts: non-increasing, sum exact;
+//   one_hot     every row to expert 0;
+//   empty_some  uniform over the odd experts (1, 3, ...), the even ones get none (E >= 2).
+// Throws InvalidArgument for experts < 1, total_rows < 0, or empty_some with experts < 2.
+std::vector<int64_t> grouped_rows(int experts, int64_t total_rows, Routing routing);
 const char* backend_name(Backend b);  // "auto" | "cpu" | "gpu"
 
 // ‖out − ref‖/‖ref‖ bound of `check` (DESIGN §4 rule 6): bf16 1e-2; fp32 1e-6 up to a reduction

@@ -179,6 +179,7 @@ std::vector<int> devices_for(const Options& o) {
 
 CheckResult gpu_check(const Options& o, std::ostream& log) {
   if (is_gemm(o)) return gpu_gemm_check(o, log);  // single GPU: gpu_gemm_bench.cu
+  if (is_grouped(o)) return gpu_grouped_check(o, log);  // single GPU: gpu_grouped_bench.cu
   const int w = o.world_size;
   const RankShape s = rank_shape(o);
   ref::RankMats a(static_cast<size_t>(w)), b(static_cast<size_t>(w)), out(static_cast<size_t>(w));
@@ -216,6 +217,7 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
 
 BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   if (is_gemm(o)) return gpu_gemm_bench(o, log);  // single GPU: gpu_gemm_bench.cu
+  if (is_grouped(o)) return gpu_grouped_bench(o, log);  // single GPU: gpu_grouped_bench.cu
   const int w = o.world_size;
   const RankShape s = rank_shape(o);
   const size_t es = elem_size(o.dtype);

@@ -115,6 +115,9 @@ std::string check_line(const Options& o, const CheckResult& r) {
      << " dtype=" << dtype_name(o.dtype);
   // gemm: what else a replay needs (B's layout picks another kernel path; the SM budget another grid).
   if (is_gemm(o)) os << " b_layout=" << gemm::b_layout_name(o.b_layout) << " sms=" << o.sms;
+  if (is_grouped(o))
+    os << " experts=" << o.experts << " tokens=" << o.tokens << " topk=" << o.topk
+       << " routing=" << routing_name(o.routing) << " b_layout=" << gemm::b_layout_name(o.b_layout);
   os << " seed=" << (o.seed ? std::to_string(*o.seed) : "none")
      << " rel_err=" << number(r.rel_err, "%.3e") << " tol=" << number(r.tolerance, "%.0e");
   return os.str();
@@ -162,10 +165,45 @@ std::string format_gemm_table(const BenchRecord& r) {
   return os.str();
 }
 
+// The table of --op grouped_gemm: ccfuse against the best grouped baseline.
+std::string format_grouped_table(const BenchRecord& r) {
+  const auto ms = [](double v) { return v < 0 ? std::string("-") : number(v, "%.4f"); };
+  const auto fixed = [](double v, const char* fmt) { return v < 0 ? std::string("-") : number(v, fmt); };
+  std::ostringstream os;
+  os << "bench " << r.op << " backend=" << r.backend << " gpu=" << r.gpu << " experts=" << r.experts
+     << " tokens=" << r.tokens_per_rank << " topk=" << r.topk << " routing=" << r.routing << " rows=" << r.m
+     << " n=" << r.n << " k=" << r.k << " dtype=" << r.dtype << " b_layout=" << (r.b_layout.empty() ? "-" : r.b_layout)
+     << "\n";
+  if (!r.group_rows.empty()) {
+    int64_t lo = r.group_rows[0], hi = r.group_rows[0], empty = 0;
+    for (int64_t v : r.group_rows) lo = std::min(lo, v), hi = std::max(hi, v), empty += v == 0;
+    os << "  rows per expert: min " << lo << ", max " << hi << ", " << empty << " empty\n";
+  }
+  const auto row = [&](const char* name, const std::string& value, const std::string& what) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "  %-16s %12s  %s", name, value.c_str(), what.c_str());
+    os << trim(buf) << "\n";
+  };
+  row("metric", "value", "");
+  row("t_fused", ms(r.t_fused_ms), "ms  ccfuse grouped GEMM (" + r.config + ")");
+  row("t_gemm", ms(r.t_gemm_ms), "ms  best baseline (" + (r.baseline.empty() ? std::string("none") : r.baseline) + ")");
+  row("tflops", fixed(r.tflops, "%.1f"), "TFLOP/s ccfuse");
+  row("tflops_baseline", fixed(r.tflops_baseline, "%.1f"), "TFLOP/s baseline");
+  row("pct_of_baseline", fixed(r.pct_of_baseline, "%.1f"), "% ccfuse / baseline throughput");
+  row("rel_err", std::isnan(r.rel_err) || r.rel_err >= 0 ? number(r.rel_err, "%.3e") : "-",
+      "||out - ref|| / ||ref|| (ccfuse)");
+  row("rel_err_baseline",
+      std::isnan(r.rel_err_baseline) || r.rel_err_baseline >= 0 ? number(r.rel_err_baseline, "%.3e") : "-",
+      "||out - ref|| / ||ref|| (baseline)");
+  if (!r.notes.empty()) os << "  notes: " << r.notes << "\n";
+  return os.str();
+}
+
 }  // namespace
 
 std::string format_bench_table(const BenchRecord& r) {
   if (r.op == "gemm") return format_gemm_table(r);
+  if (r.op == "grouped_gemm") return format_grouped_table(r);
   const auto ms = [](double v) { return v < 0 ? std::string("-") : number(v, "%.4f"); };
   std::ostringstream os;
   os << "bench " << r.op << " backend=" << r.backend << " gpu=" << r.gpu << " world_size=" << r.world_size
@@ -263,6 +301,20 @@ std::string to_json_line(const BenchRecord& r) {
   opt_string("cublas_algo", r.cublas_algo);
   if (r.sms >= 0) os << ",\"sms\":" << r.sms;
   if (r.gpu_sms >= 0) os << ",\"gpu_sms\":" << r.gpu_sms;
+  // Fields of --op grouped_gemm (DESIGN §5's MoE fields and the baseline), written only when set.
+  if (r.experts >= 0) os << ",\"experts\":" << r.experts;
+  if (r.topk >= 0) os << ",\"topk\":" << r.topk;
+  if (r.tokens_per_rank >= 0) os << ",\"tokens_per_rank\":" << r.tokens_per_rank;
+  opt_string("routing", r.routing);
+  opt_number("tflops_baseline", r.tflops_baseline);
+  opt_number("pct_of_baseline", r.pct_of_baseline);
+  opt_number("rel_err_baseline", r.rel_err_baseline);
+  opt_string("baseline", r.baseline);
+  if (!r.group_rows.empty()) {
+    os << ",\"group_rows\":[";
+    for (size_t i = 0; i < r.group_rows.size(); ++i) os << (i ? "," : "") << r.group_rows[i];
+    os << "]";
+  }
   os << "}";
   return os.str();
 }

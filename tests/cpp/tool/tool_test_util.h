@@ -106,13 +106,15 @@ inline std::vector<BadInput> bad_inputs() {
   };
   const auto ok_sizes = with(ag, {"--m", "8", "--n", "8", "--k", "8"});
   const std::vector<std::string> gemm = {"check", "--op", "gemm", "--m", "64", "--n", "32", "--k", "16"};
+  const std::vector<std::string> grouped = {"check", "--op", "grouped_gemm", "--n", "32", "--k", "16"};
+  const auto grouped_ok = with(grouped, {"--experts", "4", "--tokens", "64", "--topk", "2"});
   return {
       {{}, 0, "no command given (try 'ccfuse --help')"},
       {{"x"}, 0, "unknown command 'x' (known: check, bench, help)"},
       {{"--op", "ag_gemm"}, 0, "no command given before '--op' (check or bench)"},
       {with(ag, {"--q", "1"}), 0, "unknown option '--q'"},
       {with(ag, {"stray"}), 0, "unexpected argument 'stray' (options start with --)"},
-      {{"check", "--op", "foo"}, 0, "unknown op 'foo' (known: ag_gemm, gemm_rs, gemm_ar, gemm)"},
+      {{"check", "--op", "foo"}, 0, "unknown op 'foo' (known: ag_gemm, gemm_rs, gemm_ar, gemm, grouped_gemm)"},
       {with(ag, {"--world-size", "3", "--m", "1000", "--n", "8", "--k", "8"}), 0,
        "--m 1000 is not divisible by --world-size 3"},
       {{"check", "--op", "gemm_rs", "--world-size", "3", "--m", "99", "--n", "8", "--k", "100"}, 0,
@@ -170,9 +172,35 @@ inline std::vector<BadInput> bad_inputs() {
       {with(gemm, {}), 0, "--op gemm needs the GPU backend (no CPU reference world version); no GPU found"},
       {with(gemm, {"--backend", "gpu"}), 0, "--backend gpu needs at least 1 GPU; none found"},
       {with(ok_sizes, {"--sms", "8"}), 2, "--sms applies to --op gemm only"},
-      {with(ok_sizes, {"--b-layout", "kn"}), 2, "--b-layout applies to --op gemm only"},
+      {with(ok_sizes, {"--b-layout", "kn"}), 2, "--b-layout applies to --op gemm and grouped_gemm only"},
       {{"bench", "--op", "gemm_rs", "--m", "8", "--n", "8", "--k", "8", "--dtype", "fp16"}, 2,
        "--dtype fp16 is not supported for --op gemm_rs (fp32, bf16)"},
+      // --op grouped_gemm: one GPU, its sizes and routing.
+      {with(grouped_ok, {"--routing", "pareto"}), 1,
+       "--routing pareto is not supported (uniform, zipf, one_hot, empty_some)"},
+      {with(grouped, {"--tokens", "64", "--topk", "2"}), 1, "--experts is required for --op grouped_gemm"},
+      {with(grouped, {"--experts", "4", "--topk", "2"}), 1, "--tokens is required for --op grouped_gemm"},
+      {with(grouped, {"--experts", "4", "--tokens", "64"}), 1, "--topk is required for --op grouped_gemm"},
+      {with(grouped, {"--experts", "0", "--tokens", "64", "--topk", "2"}), 1, "--experts 0 must be at least 1"},
+      {with(grouped, {"--experts", "4", "--tokens", "64", "--topk", "0"}), 1, "--topk 0 must be at least 1"},
+      {with(grouped, {"--experts", "4", "--tokens", "0", "--topk", "2"}), 1, "--tokens 0 must be a positive integer"},
+      {with(grouped, {"--experts", "5000", "--tokens", "64", "--topk", "2"}), 1,
+       "--experts 5000 is out of range (at most 4096)"},
+      {with(grouped, {"--experts", "4", "--tokens", "64", "--topk", "65"}), 1, "--topk 65 is out of range (at most 64)"},
+      {with(grouped, {"--experts", "4", "--tokens", "2000000000", "--topk", "2"}), 1,
+       "--tokens 2000000000 x --topk 2 rows is out of range (at most 2147483647)"},
+      {with(grouped, {"--experts", "1", "--tokens", "64", "--topk", "1", "--routing", "empty_some"}), 1,
+       "--routing empty_some needs --experts of at least 2 (it empties the even experts)"},
+      {with(grouped_ok, {"--m", "128"}), 1, "--m does not apply to --op grouped_gemm (its rows are --tokens x --topk)"},
+      {with(grouped_ok, {"--sms", "100"}), 1, "--sms applies to --op gemm only"},
+      {with(grouped_ok, {"--dtype", "fp32"}), 1, "--dtype fp32 is not supported for --op grouped_gemm (bf16, fp16)"},
+      {with(grouped_ok, {"--backend", "cpu"}), 1,
+       "--op grouped_gemm needs the GPU backend (no CPU reference world version)"},
+      {with(grouped_ok, {"--world-size", "2"}), 2, "--world-size 2 is not allowed for --op grouped_gemm (single GPU)"},
+      {with(grouped_ok, {}), 0, "--op grouped_gemm needs the GPU backend (no CPU reference world version); no GPU found"},
+      {with(ok_sizes, {"--experts", "8"}), 2, "--experts applies to --op grouped_gemm only"},
+      {with(ok_sizes, {"--routing", "zipf"}), 2, "--routing applies to --op grouped_gemm only"},
+      {with(gemm, {"--topk", "2"}), 1, "--topk applies to --op grouped_gemm only"},
   };
 }
 

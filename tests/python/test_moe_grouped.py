@@ -1,0 +1,64 @@
+"""The Python routing (tools/moe_grouped.py) against the checked-in counts that the C++ routing
+(src/tool/routing.cpp) is also tested against, plus the merge of torch times into ccfuse records.
+Run: python3 -m unittest discover -s tests/python"""
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import merge_peer  # noqa: E402
+import moe_grouped  # noqa: E402
+
+
+class RoutingTest(unittest.TestCase):
+    def test_checked_in_counts(self):
+        cases = moe_grouped.read_expected(os.path.join(ROOT, "tests", "data", "grouped_routing_cases.txt"))
+        self.assertGreaterEqual(len(cases), 10)
+        for experts, total, routing, want in cases:
+            self.assertEqual(moe_grouped.grouped_rows(experts, total, routing), want, (experts, total, routing))
+
+    def test_sums_and_shapes(self):
+        for e in (1, 2, 3, 8, 64, 128):
+            for total in (0, 1, 7, 100, 65536):
+                for routing in moe_grouped.ROUTINGS:
+                    if routing == "empty_some" and e < 2:
+                        continue
+                    rows = moe_grouped.grouped_rows(e, total, routing)
+                    self.assertEqual(sum(rows), total)
+                    if routing in ("zipf", "one_hot"):
+                        self.assertEqual(rows, sorted(rows, reverse=True))
+                    if routing == "empty_some":
+                        self.assertTrue(all(r == 0 for r in rows[0::2]))
+        with self.assertRaises(ValueError):
+            moe_grouped.grouped_rows(1, 3, "empty_some")
+
+    def test_cases_are_whole_and_distinct(self):
+        cs = moe_grouped.cases()
+        self.assertEqual(len(cs), 37)
+        keys = {(c["name"], c["routing"]) for c in cs}
+        self.assertEqual(len(keys), len(cs))
+        mixtral = [c for c in cs if c["name"] == "mixtral-up-T8192"][0]
+        self.assertEqual((mixtral["experts"], mixtral["tokens"], mixtral["topk"], mixtral["n"], mixtral["k"]),
+                         (4, 8192, 2, 28672, 4096))
+
+
+class MergeTest(unittest.TestCase):
+    def test_best_baseline_is_recomputed(self):
+        base = dict(op="grouped_gemm", experts=4, topk=2, tokens_per_rank=8192, n=28672, k=4096, routing="zipf",
+                    b_layout="nk", dtype="bf16", m=16384)
+        ccfuse = dict(base, t_fused_ms=6.0, t_gemm_ms=15.0, baseline="cublas_grouped", group_rows=[8659, 3769, 2316, 1640])
+        torch = dict(base, source="torch", t_torch_ms=5.0, group_rows=[8659, 3769, 2316, 1640])
+        (r,) = merge_peer.merge([ccfuse], [torch])
+        self.assertEqual(r["t_torch_grouped_mm_ms"], 5.0)
+        self.assertEqual(r["t_cublas_grouped_ms"], 15.0)
+        self.assertEqual(r["baseline"], "torch_grouped_mm")
+        self.assertAlmostEqual(r["pct_of_baseline"], 100.0 * 5.0 / 6.0)
+        self.assertIn("mixtral-up-T8192", merge_peer.table([r]))
+        # Merging twice keeps the cuBLAS time (t_gemm_ms now holds the best).
+        (r2,) = merge_peer.merge([r], [torch])
+        self.assertEqual(r2["t_cublas_grouped_ms"], 15.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
