@@ -9,8 +9,10 @@ preset=$(bash tools/preset.sh)
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j "$(nproc)" --target ccfuse_tool
 bin=build/ccfuse; [ "$preset" = cpu ] && bin=build-cpu/ccfuse
-mkdir -p bench/results
-json="bench/results/$(date -u +%Y-%m-%d)-demo.jsonl"
+# Local results go under build/ (ignored); bench/results/ holds only committed GPU runs.
+out_dir=${CCFUSE_RESULTS:-build/results}
+mkdir -p "$out_dir"
+json="$out_dir/$(date -u +%Y-%m-%d)-demo.jsonl"
 for op in ag_gemm gemm_rs gemm_ar; do
   "$bin" check --op "$op" --m 256 --n 192 --k 128
 done
