@@ -16,18 +16,11 @@
 #include <random>
 
 #include "ccfuse/comm/team.h"
+#include "ccfuse/common/cublas_check.h"
 #include "ccfuse/common/cuda_check.h"
 #include "reference/naive.h"
 #include "src/tool/cli.h"
 
-#define CCFUSE_CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                              \
-    cublasStatus_t st_ = (expr);                                                                    \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
-      ::ccfuse::detail::throw_check_failure(__FILE__, __LINE__, #expr,                              \
-                                            ::ccfuse::detail::str_cat("cuBLAS error ", int(st_), ": ", \
-                                                                      cublasGetStatusString(st_))); \
-  } while (0)
 
 namespace ccfuse::tool {
 

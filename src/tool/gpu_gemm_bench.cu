@@ -37,20 +37,13 @@
 #include <thread>
 #include <vector>
 
+#include "ccfuse/common/cublas_check.h"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/common/error.h"
 #include "ccfuse/gemm/gemm.h"
 #include "src/tool/cli.h"
 #include "src/tool/gpu_bench_util.cuh"
 
-#define CCFUSE_CUBLASLT_CHECK(expr)                                                                \
-  do {                                                                                             \
-    cublasStatus_t st_ = (expr);                                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-      ::ccfuse::detail::throw_check_failure(                                                       \
-          __FILE__, __LINE__, #expr,                                                               \
-          ::ccfuse::detail::str_cat("cuBLASLt error ", int(st_), ": ", cublasLtGetStatusString(st_))); \
-  } while (0)
 
 namespace ccfuse::tool {
 
@@ -223,23 +216,23 @@ class CublasLtGemm {
   CublasLtGemm(const Options& o, int sm_count_target) {
     const cudaDataType_t t = o.dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
     const bool nk = o.b_layout == gemm::BLayout::kNK;
-    CCFUSE_CUBLASLT_CHECK(cublasLtCreate(&handle_));
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CCFUSE_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t trans_x = nk ? CUBLAS_OP_T : CUBLAS_OP_N, trans_y = CUBLAS_OP_N;
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_x, sizeof(trans_x)));
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_y, sizeof(trans_y)));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_x, sizeof(trans_x)));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_y, sizeof(trans_y)));
     if (sm_count_target > 0) {
       const int32_t target = sm_count_target;
-      CCFUSE_CUBLASLT_CHECK(
+      CCFUSE_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
     }
     const uint64_t m = uint64_t(o.m), n = uint64_t(o.n), k = uint64_t(o.k);
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&x_, t, nk ? k : n, nk ? n : k, int64_t(nk ? k : n)));
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&y_, t, k, m, int64_t(k)));
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&c_, t, n, m, int64_t(n)));
-    CCFUSE_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref_));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x_, t, nk ? k : n, nk ? n : k, int64_t(nk ? k : n)));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&y_, t, k, m, int64_t(k)));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, t, n, m, int64_t(n)));
+    CCFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_));
     const uint64_t ws = kCublasWorkspace;
-    CCFUSE_CUBLASLT_CHECK(
+    CCFUSE_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   }
   ~CublasLtGemm() {

@@ -37,20 +37,13 @@
 #include <thread>
 #include <vector>
 
+#include "ccfuse/common/cublas_check.h"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/common/error.h"
 #include "ccfuse/gemm/gemm.h"
 #include "src/tool/cli.h"
 #include "src/tool/gpu_bench_util.cuh"
 
-#define CCFUSE_GROUPED_CUBLAS_CHECK(expr)                                                          \
-  do {                                                                                             \
-    cublasStatus_t st_ = (expr);                                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-      ::ccfuse::detail::throw_check_failure(                                                       \
-          __FILE__, __LINE__, #expr,                                                               \
-          ::ccfuse::detail::str_cat("cuBLAS error ", int(st_), ": ", cublasGetStatusString(st_))); \
-  } while (0)
 
 namespace ccfuse::tool {
 
@@ -294,7 +287,7 @@ double tflops_of(const Options& o, double ms) {
 class CublasGrouped {
  public:
   CublasGrouped(const Options& o, const Problem& p, int num_sets) : o_(o) {
-    CCFUSE_GROUPED_CUBLAS_CHECK(cublasCreate(&handle_));
+    CCFUSE_CUBLAS_CHECK(cublasCreate(&handle_));
     const bool nk = o.b_layout == gemm::BLayout::kNK;
     for (size_t e = 0; e < p.rows.size(); ++e) {
       if (p.rows[e] == 0) continue;
@@ -335,7 +328,7 @@ class CublasGrouped {
 
   // False if cuBLAS refuses (reported as no baseline on the first call).
   bool run(int set, cudaStream_t stream) {
-    CCFUSE_GROUPED_CUBLAS_CHECK(cublasSetStream(handle_, stream));
+    CCFUSE_CUBLAS_CHECK(cublasSetStream(handle_, stream));
     const size_t g = experts_.size();
     void** p = set_ptrs(set);
     const cudaDataType_t t = o_.dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
