@@ -36,22 +36,41 @@ struct MoeShape {
   bool swiglu = false;
 };
 
+// Tiling of the reference schedule (mirrors the GPU plan; tuned values live elsewhere).
+struct MoeConfig {
+  int64_t chunk_tokens = 64;  // layer 0: tokens per transfer chunk (one signal per (source, chunk))
+  int block_m = 64;           // layer 0: rows per tile; a tile waits for the chunks of all its rows
+  int64_t slice_cols = 64;    // layer 1: N-slice width (columns of H); one signal per (source, slice)
+};
+
 // What layer 0 leaves for layer 1 on a rank: the expert-sorted rows and where they came from.
 struct MoeMetadata {
-  moe::Layout layout;                  // over the entries this rank received
+  moe::Layout layout;                  // over the entries this rank received; experts are LOCAL ids
+                                       // [0, E_local); indices are recv_index * topk + slot
   std::vector<int32_t> row_src_rank;   // [rows] owner rank of each row's token
   std::vector<int32_t> row_src_token;  // [rows] token index on its owner
   std::vector<int32_t> row_slot;       // [rows] top-k slot
   std::vector<float> row_weight;       // [rows] router weight
+  // The receive list of layer 0 (what layer 1 sends partial sums back for): the tokens this rank
+  // received, concatenated by source rank 0..W-1; [recv_offsets[s], recv_offsets[s+1]) came
+  // from rank s. kAllGather: every token of every rank; kAllToAll: only those with at least one
+  // expert on this rank.
+  std::vector<int64_t> recv_offsets;   // [W + 1]
+  std::vector<int32_t> recv_token;     // [received] index of each received token on its owner
+  int64_t num_tokens = 0;              // this rank's own tokens (layer 0's num_tokens)
+  int topk = 0;                        // k of the layer 0 that built this
 };
 
 // Throws InvalidArgument naming the rule (experts divisible by W, topk <= experts, sizes > 0, ...).
 void validate_moe(const World& world, const MoeShape& shape);
+// The same plus the tiling (chunk_tokens, block_m, slice_cols positive).
+void validate_moe(const World& world, const MoeShape& shape, const MoeConfig& config);
 
 template <typename T>
 class MoeLayer0 {
  public:
   MoeLayer0(World& world, MoeShape shape, DispatchMode mode);
+  MoeLayer0(World& world, MoeShape shape, DispatchMode mode, MoeConfig config);
   ~MoeLayer0();
   // act: resized to [rows, F]; meta filled. Called by every rank inside World::run.
   void run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_weights,
@@ -66,6 +85,7 @@ template <typename T>
 class MoeLayer1 {
  public:
   MoeLayer1(World& world, MoeShape shape, DispatchMode mode);
+  MoeLayer1(World& world, MoeShape shape, DispatchMode mode, MoeConfig config);
   ~MoeLayer1();
   // out: [num_tokens, H] of this rank's own tokens (num_tokens as given to layer 0).
   void run(int rank, const std::vector<T>& act, const MoeMetadata& meta, const T* w2, int64_t num_tokens, T* out);

@@ -29,6 +29,16 @@ Layout make_layout(const int32_t* topk_ids, int64_t num_tokens, int topk, int nu
 // `min_rows` rows (light experts share one scheduling unit and the tensor cores stay busy); a
 // heavy expert is a group of its own. Returns the group boundaries as expert indices:
 // groups[i] = first expert of group i, plus a final entry num_experts.
+// Exactly (docs/moe-routing.md): an expert is heavy if its rows >= min_rows, else light.
+//  - min_rows <= 0: every expert is its own group.
+//  - A heavy expert never shares its group with another expert that has rows.
+//  - A maximal run of light experts is cut greedily left to right: a group closes as soon as it
+//    holds >= min_rows rows; a short remainder at the end of the run joins the run's previous
+//    group. A run whose total is below min_rows (so it cannot reach min_rows without a heavy
+//    expert) stays one short group: the only kind of group under min_rows (the last group
+//    included).
+//  - A run of empty experts only joins the previous group (the next one when it is first); all
+//    experts empty: one group.
 std::vector<int32_t> merge_light_experts(const std::vector<int32_t>& tokens_per_expert, int64_t min_rows);
 
 }  // namespace ccfuse::moe

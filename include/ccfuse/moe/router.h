@@ -57,6 +57,24 @@ RouterOutput route_cpu(const RouterConfig& config, const float* x, const float* 
 // The same from precomputed logits [T, E] (no jitter): what GPU-vs-CPU agreement tests compare.
 RouterOutput route_logits_cpu(const RouterConfig& config, const float* logits, int64_t num_tokens, const float* bias);
 
+// Small helpers that pin the exact arithmetic for a GPU router (docs/moe-routing.md):
+
+// capacity_factor > 0: ceil(((capacity_factor * T) * k) / E) evaluated in double, clamped to T
+// (an expert gets at most one entry per token; the clamp keeps huge factors from overflowing).
+// capacity_factor == 0 (dropless): 0. Validates config; num_tokens >= 0.
+int64_t expert_capacity(const RouterConfig& config, int64_t num_tokens);
+
+// The jitter multiplier of element `index` (= t * H + h): z = the index-th (0-based) output of a
+// splitmix64 stream seeded with `seed`, r = float(z >> 40) * 2^-24 in [0, 1),
+// u = fmaf(2 * eps, r, 1 - eps) in fp32, so u is in [1 - eps, 1 + eps].
+float jitter_factor(uint64_t seed, float eps, uint64_t index);
+
+// logits [T, E] (returned, row-major) as route_cpu computes them: x_j = fp32(x * jitter_factor)
+// when jitter_eps > 0 (else x), logits[t, e] = fp32(sum over h ascending, in double, of
+// double(x_j[t, h]) * double(w_gate[h, e])).
+std::vector<float> router_logits_cpu(const RouterConfig& config, const float* x, const float* w_gate,
+                                     int64_t num_tokens, int64_t hidden);
+
 // Aux-loss-free balancing: bias[e] += rate * sign(mean load - load[e]) (overloaded experts get
 // less likely, underloaded more).
 void update_bias(const std::vector<int32_t>& tokens_per_expert, float rate, std::vector<float>& bias);
