@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -121,6 +121,19 @@ if [[ " $what " == *" grouped "* ]]; then
   python3 tools/merge_peer.py "$OUT/grouped.jsonl" "$OUT/grouped_torch.jsonl" --out "$OUT/grouped_merged.jsonl" \
     --table > "$OUT/grouped_summary.log" 2>&1 || status=1
   summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse + $(wc -l < "$OUT/grouped_torch.jsonl") torch records; $(grep -m1 '^geomean' "$OUT/grouped_summary.log")")
+fi
+if [[ " $what " == *" probe "* ]]; then
+  # Design probes for the fused ag_gemm (docs/tp-fusion.md): copy engine + stream write-value
+  # flags into a peer, and co-scheduling of a publisher kernel with a persistent GEMM.
+  timeout 120 $BIN/ccfuse_ag_transport_probe --json "$OUT/ag_transport_probe.jsonl" 2>&1 | tee "$OUT/ag_transport_probe.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("ag transport probe: rc=$rc (table in ag_transport_probe.log)")
+fi
+if [[ " $what " == *" hooks "* ]]; then
+  # GEMM hooks: ready predicate (all signals set) and SM budgets against the plain kernel.
+  timeout 200 $BIN/ccfuse_gemm_hooks_bench --iters 20 --json "$OUT/gemm_hooks.jsonl" 2>&1 | tee "$OUT/gemm_hooks.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("gemm hooks bench: rc=$rc")
 fi
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done
