@@ -15,28 +15,15 @@
 #include "ccfuse/common/error.h"
 #include "ccfuse/moe/layout.h"
 #include "ccfuse/moe/router.h"
+#include "tests/cpp/test_util.h"
 
 namespace ccfuse::moe {
 namespace {
 
-uint64_t test_seed() {
-  if (const char* env = std::getenv("CCFUSE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-}
+using namespace ccfuse::testing;
 
-std::string seed_trace(uint64_t seed) {
-  return "seed " + std::to_string(seed) + " (replay: CCFUSE_TEST_SEED=" + std::to_string(seed) + ")";
-}
 
-template <typename Fn>
-std::string arg_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+
 
 // Random routing: distinct experts per token (as a router gives), some entries dropped.
 std::vector<int32_t> random_ids(std::mt19937_64& rng, int64_t tokens, int topk, int experts, double drop_rate) {

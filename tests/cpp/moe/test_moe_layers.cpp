@@ -25,9 +25,12 @@
 #include "reference/moe_layers.h"
 #include "reference/moe_naive.h"
 #include "reference/naive.h"
+#include "tests/cpp/test_util.h"
 
 namespace ccfuse::ref {
 namespace {
+
+using namespace ccfuse::testing;
 
 enum class Routing { kUniform, kZipf, kAllToExpert0, kSomeEmpty, kRaggedTokens, kDrops };
 
@@ -45,10 +48,6 @@ const char* routing_name(Routing r) {
 
 const char* mode_name(DispatchMode m) { return m == DispatchMode::kAllGather ? "allgather" : "alltoall"; }
 
-uint64_t test_seed() {
-  if (const char* env = std::getenv("CCFUSE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-}
 
 // Experts per world size: E % W == 0, E >= 8 (top-8 everywhere), E <= 16.
 int experts_for(int world_size) {
@@ -60,22 +59,7 @@ int experts_for(int world_size) {
   }
 }
 
-template <typename T>
-T poison() {
-  return from_f32<T>(std::numeric_limits<float>::quiet_NaN());
-}
 
-template <typename T>
-std::vector<T> random_values(std::mt19937_64& rng, int64_t count, std::vector<double>& exact) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<T> out(static_cast<size_t>(count));
-  exact.resize(size_t(count));
-  for (int64_t i = 0; i < count; ++i) {
-    out[size_t(i)] = from_f32<T>(dist(rng));
-    exact[size_t(i)] = to_f32(out[size_t(i)]);
-  }
-  return out;
-}
 
 template <typename T>
 std::vector<double> to_double(const T* v, size_t n) {

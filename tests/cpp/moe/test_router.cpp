@@ -17,29 +17,15 @@
 
 #include "ccfuse/common/error.h"
 #include "ccfuse/moe/router.h"
+#include "tests/cpp/test_util.h"
 
 namespace ccfuse::moe {
 namespace {
 
-uint64_t test_seed() {
-  if (const char* env = std::getenv("CCFUSE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-}
+using namespace ccfuse::testing;
 
-std::string seed_trace(uint64_t seed) {
-  return "seed " + std::to_string(seed) + " (replay: CCFUSE_TEST_SEED=" + std::to_string(seed) + ")";
-}
 
-// The InvalidArgument message of fn(), or "" when it does not throw.
-template <typename Fn>
-std::string arg_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+
 
 RouterConfig make_config(int experts, int topk, ScoreFn score = ScoreFn::kSoftmax, bool normalize = true) {
   RouterConfig c;

@@ -16,9 +16,12 @@
 
 #include "reference/naive.h"
 #include "reference/tp_ops.h"
+#include "tests/cpp/test_util.h"
 
 namespace ccfuse::ref {
 namespace {
+
+using namespace ccfuse::testing;
 
 enum class Op { kAgGemm, kGemmRs, kGemmAr };
 
@@ -49,29 +52,8 @@ const ShapeCase kShapes[] = {
     {"multiple", 32, 64, 32, {16, 32, 16}},
 };
 
-uint64_t test_seed() {
-  if (const char* env = std::getenv("CCFUSE_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-  return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-}
 
-template <typename T>
-T poison() {
-  return from_f32<T>(std::numeric_limits<float>::quiet_NaN());
-}
 
-// Random uniform [-1, 1] rounded to T; `exact` gets the rounded values as doubles (the naive
-// reference must see exactly what the op sees).
-template <typename T>
-std::vector<T> random_matrix(std::mt19937_64& rng, int64_t count, std::vector<double>& exact) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<T> out(static_cast<size_t>(count));
-  exact.resize(size_t(count));
-  for (int64_t i = 0; i < count; ++i) {
-    out[size_t(i)] = from_f32<T>(dist(rng));
-    exact[size_t(i)] = to_f32(out[size_t(i)]);
-  }
-  return out;
-}
 
 template <typename T>
 std::vector<double> to_double(const std::vector<T>& v) {
@@ -121,8 +103,8 @@ void check_op(Op op, int world_size, const ShapeCase& shape_case) {
   for (CallData& d : calls) {
     d.a.resize(num_ranks), d.b.resize(num_ranks), d.a_exact.resize(num_ranks), d.b_exact.resize(num_ranks);
     for (size_t r = 0; r < num_ranks; ++r) {
-      d.a[r] = random_matrix<T>(rng, a_rows * k, d.a_exact[r]);
-      d.b[r] = random_matrix<T>(rng, k * n, d.b_exact[r]);
+      d.a[r] = random_values<T>(rng, a_rows * k, d.a_exact[r]);
+      d.b[r] = random_values<T>(rng, k * n, d.b_exact[r]);
     }
     d.c.assign(num_ranks, std::vector<T>(size_t(c_rows * n), poison<T>()));
     d.gathered.assign(num_ranks, std::vector<T>(size_t(m * k), poison<T>()));
@@ -220,9 +202,9 @@ TEST(ReferenceTpRepeat, OpsInterleavedOnOneWorldAreDeterministic) {
   std::vector<std::vector<bf16>> a_ag(kWorld), a_full(kWorld), b(kWorld);
   RankMats a_ag_x(kWorld), a_full_x(kWorld), b_x(kWorld);
   for (int r = 0; r < kWorld; ++r) {
-    a_ag[r] = random_matrix<bf16>(rng, m_local * shape.k, a_ag_x[r]);
-    a_full[r] = random_matrix<bf16>(rng, shape.m * shape.k, a_full_x[r]);
-    b[r] = random_matrix<bf16>(rng, shape.k * shape.n, b_x[r]);
+    a_ag[r] = random_values<bf16>(rng, m_local * shape.k, a_ag_x[r]);
+    a_full[r] = random_values<bf16>(rng, shape.m * shape.k, a_full_x[r]);
+    b[r] = random_values<bf16>(rng, shape.k * shape.n, b_x[r]);
   }
   std::vector<std::vector<bf16>> c_ag(kWorld), c_rs(kWorld), c_ar(kWorld);
   std::vector<int> mismatches(kWorld, 0);
