@@ -12,6 +12,8 @@ jobs=${CCFUSE_JOBS:-$(nproc)}
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j "$jobs"
 ctest --preset "$preset" -j "$jobs"
+# The Python tools (routing twin of the C++ one, result merging): standard library only.
+python3 -m unittest discover -s tests/python
 # Say why GPU tests skipped (CTest lists them only as "Skipped").
 gpu_tests=build/tests/ccfuse_gpu_tests
 if [ "$preset" = default ] && [ -x "$gpu_tests" ]; then
