@@ -294,6 +294,138 @@ TEST(GemmReadyPredicate, TilesWaitForRowsPublishedByAnotherStream) {
   });
 }
 
+// ---- fused epilogues ------------------------------------------------------------------------
+
+// ‖got − want‖ / ‖want‖ of a bf16 output [rows, cols] with row stride ldc.
+double rel_err_bf16(const void* c, int64_t rows, int64_t cols, int64_t ldc, const std::vector<double>& want) {
+  std::vector<uint16_t> hc(size_t(rows * ldc));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), c, hc.size() * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = bf16{hc[size_t(r * ldc + j)]}.to_float(), w = want[size_t(r * cols + j)];
+      if (!std::isfinite(v)) return INFINITY;
+      num += (v - w) * (v - w);
+      den += w * w;
+    }
+  return std::sqrt(num / den);
+}
+
+std::vector<double> host_ref(const Problem& p) {
+  std::vector<double> r(size_t(p.desc.m * p.desc.n));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(r.data(), p.ref, r.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  return r;
+}
+
+TEST(GemmFusedEpilogue, SwigluColumnPermutationPairsGateWithUp) {
+  const auto perm = swiglu_column_permutation(/*ffn=*/384, /*block_n=*/256);
+  ASSERT_EQ(perm.size(), 768u);
+  std::vector<int> seen(768, 0);
+  for (size_t i = 0; i < perm.size(); ++i) ++seen[size_t(perm[i])];
+  for (int v : seen) EXPECT_EQ(v, 1);
+  // Output column c of tile t: gate at GEMM column t*256 + c, up at t*256 + 128 + c.
+  for (int64_t c = 0; c < 384; ++c) {
+    const int64_t t = c / 128, cc = c % 128;
+    EXPECT_EQ(perm[size_t(t * 256 + cc)], c);
+    EXPECT_EQ(perm[size_t(t * 256 + 128 + cc)], 384 + c);
+  }
+  EXPECT_THROW(swiglu_column_permutation(100, 256), InvalidArgument);
+}
+
+class GemmFusedEpilogue : public ::testing::TestWithParam<std::tuple<int, BLayout>> {};
+
+TEST_P(GemmFusedEpilogue, ActivationsAndRowScaleMatchFp64) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const auto [block_n, layout] = GetParam();
+  GemmDesc d;
+  d.m = 1000;
+  d.n = 3 * block_n;  // SwiGLU: whole tiles of [gate | up]
+  d.k = 776;
+  d.b_layout = layout;
+  GemmConfig cfg = block_n == 256 ? GemmConfig{128, 256, 64, 4, 0} : GemmConfig{128, 128, 64, 6, 0};
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed));
+  Problem prob(d, seed);
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<double> ref = host_ref(prob);
+  std::vector<float> scale(size_t(d.m));
+  std::mt19937_64 gen(seed);
+  for (auto& x : scale) x = std::uniform_real_distribution<float>(0.f, 2.f)(gen);
+  float* scale_dev = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&scale_dev, scale.size() * 4));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(scale_dev, scale.data(), scale.size() * 4, cudaMemcpyHostToDevice));
+  auto gelu = [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); };
+  auto silu = [](double x) { return x / (1 + std::exp(-x)); };
+  for (EpilogueOp op : {EpilogueOp::kNone, EpilogueOp::kGelu, EpilogueOp::kSiluMul})
+    for (bool scaled : {false, true}) {
+      SCOPED_TRACE(detail::str_cat("op ", int(op), " scaled ", scaled));
+      const int64_t out_n = op == EpilogueOp::kSiluMul ? d.n / 2 : d.n;
+      std::vector<double> want(size_t(d.m * out_n));
+      for (int64_t r = 0; r < d.m; ++r)
+        for (int64_t c = 0; c < out_n; ++c) {
+          double v;
+          if (op == EpilogueOp::kSiluMul) {
+            const int64_t t = c / (block_n / 2), cc = c % (block_n / 2);
+            v = silu(ref[size_t(r * d.n + t * block_n + cc)]) * ref[size_t(r * d.n + t * block_n + block_n / 2 + cc)];
+          } else {
+            v = ref[size_t(r * d.n + c)];
+            if (op == EpilogueOp::kGelu) v = gelu(v);
+          }
+          want[size_t(r * out_n + c)] = scaled ? v * scale[size_t(r)] : v;
+        }
+      CCFUSE_CUDA_CHECK(cudaMemset(prob.c, 0xff, size_t(d.m * d.n) * 2));
+      run_fused(d, cfg, EpilogueDesc{op, scaled ? scale_dev : nullptr}, prob.a, prob.b, prob.c, nullptr);
+      CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_LE(rel_err_bf16(prob.c, d.m, out_n, out_n, want), 1e-2);
+    }
+  cudaFree(scale_dev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiles, GemmFusedEpilogue,
+                         ::testing::Combine(::testing::Values(256, 128), ::testing::Values(BLayout::kNK, BLayout::kKN)));
+
+// Row bands of the output land in "peer" buffers (here: W local buffers) at the given slot.
+TEST(GemmPeerBandEpilogue, BandsLandInTheirRanksSlot) {
+  CCFUSE_REQUIRE_GPUS(1);
+  using Traits = sm90::Traits<cutlass::bfloat16_t, 128, 256, 64, 4, true>;
+  constexpr int kRanks = 3, kSlot = 1;
+  GemmDesc d;
+  d.m = kRanks * 256;  // bands of 256 rows: tiles never straddle bands
+  d.n = 520;
+  d.k = 264;
+  d.b_layout = BLayout::kNK;
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed));
+  Problem prob(d, seed);
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<double> ref = host_ref(prob);
+  sm90::PeerBandEpilogue<cutlass::bfloat16_t> epi;
+  std::vector<void*> bufs(kRanks);
+  const int64_t rows_per_band = d.m / kRanks, buf_rows = kRanks * rows_per_band;
+  for (int r = 0; r < kRanks; ++r) {
+    CCFUSE_CUDA_CHECK(cudaMalloc(&bufs[size_t(r)], size_t(buf_rows * d.n) * 2));
+    CCFUSE_CUDA_CHECK(cudaMemset(bufs[size_t(r)], 0xff, size_t(buf_rows * d.n) * 2));
+    epi.peers[r] = static_cast<cutlass::bfloat16_t*>(bufs[size_t(r)]);
+  }
+  epi.rows_per_band = rows_per_band;
+  epi.ldc = d.n;
+  epi.slot = kSlot;
+  const auto sched = sm90::plain_schedule(d.m, d.n, 128, 256, 8, false);
+  sm90::launch_gemm<Traits>(d.m, d.n, d.k, prob.a, d.k, prob.b, d.k, prob.c, d.n, sched, epi, 132, nullptr);
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int r = 0; r < kRanks; ++r) {
+    const std::vector<double> want(ref.begin() + r * rows_per_band * d.n, ref.begin() + (r + 1) * rows_per_band * d.n);
+    const void* slot_ptr = static_cast<const uint16_t*>(bufs[size_t(r)]) + kSlot * rows_per_band * d.n;
+    EXPECT_LE(rel_err_bf16(slot_ptr, rows_per_band, d.n, d.n, want), 1e-2) << "band " << r;
+    std::vector<uint16_t> other(size_t(rows_per_band * d.n));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(other.data(), bufs[size_t(r)], other.size() * 2, cudaMemcpyDeviceToHost));
+    for (uint16_t v : other) ASSERT_EQ(v, 0xffff) << "slot 0 of rank " << r << " was written";
+  }
+  for (void* b : bufs) cudaFree(b);
+}
+
 // ---- grouped GEMM ----------------------------------------------------------------------------
 
 struct GroupedCase {

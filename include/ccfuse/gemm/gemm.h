@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ccfuse/common/dtype.h"
 
@@ -63,6 +64,22 @@ void run(const GemmDesc& desc, const GemmConfig& config, const void* a, const vo
 // config's order: host copies of the device scheduler's math, for tests and tools.
 int64_t num_tiles(const GemmDesc& desc, const GemmConfig& config);
 void tile_coord(const GemmDesc& desc, const GemmConfig& config, int64_t idx, int64_t* m_tile, int64_t* n_tile);
+
+// Fused epilogues (bf16, cluster 1): an activation and/or a per-row scale on the way out.
+//   kGelu     C = gelu(A @ B) (erf form)
+//   kSiluMul  SwiGLU from one GEMM: B's columns are arranged per block_n tile as
+//             [block_n/2 gate | block_n/2 up] (swiglu_column_permutation), N = 2F must be a
+//             multiple of block_n, and C = silu(gate) * up is [M, F] (ldc counts F columns).
+//   row_scale C[i, :] *= row_scale[i] (device, one float per row), e.g. MoE top-k weights.
+enum class EpilogueOp { kNone, kGelu, kSiluMul };
+struct EpilogueDesc {
+  EpilogueOp op = EpilogueOp::kNone;
+  const float* row_scale = nullptr;
+};
+void run_fused(const GemmDesc& desc, const GemmConfig& config, const EpilogueDesc& epilogue, const void* a,
+               const void* b, void* c, void* stream);
+// For SwiGLU: column i of the GEMM's B takes column perm[i] of [gate (F columns) | up (F columns)].
+std::vector<int64_t> swiglu_column_permutation(int64_t ffn, int block_n);
 
 // Grouped GEMM (MoE experts): for g in [0, num_groups), rows [off_g, off_g + rows_g) of C =
 // the same rows of A @ B_g, where rows_g comes from device memory (no host sync, CUDA-graph

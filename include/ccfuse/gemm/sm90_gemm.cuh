@@ -153,11 +153,66 @@ struct GroupedSchedule {
 };
 
 
+// Epilogues: where a tile's output goes and what happens to it on the way.
+//   kAct          Activation::kNone, kGelu (erf form) or kSiluMul: SwiGLU from one GEMM whose
+//                 B columns are arranged per BLOCK_N tile as [BLOCK_N/2 gate | BLOCK_N/2 up]
+//                 (swiglu_column_permutation() in gemm.h); the output has N/2 columns then.
+//   kHasRowScale  row_scale(global row) multiplies each output row (MoE weights, fp8 scales).
+//   out(p, w, ldc) the address of output row w.row0, column 0, and the output's row stride:
+//                 the local C, or a peer's symmetric buffer (PeerBandEpilogue).
+//   kHasNotify    notify(w) after every consumer thread's stores of the tile.
+enum class Activation { kNone, kGelu, kSiluMul };
+
+template <class Element>
+struct Params;
+
 // The plain epilogue: store to C, nothing to notify.
 struct PlainEpilogue {
   static constexpr bool kHasNotify = false;
+  static constexpr Activation kAct = Activation::kNone;
+  static constexpr bool kHasRowScale = false;
+  template <class Element>
+  __device__ Element* out(const Params<Element>& p, const TileWork& w, int64_t& ldc) const {
+    ldc = p.ldc;
+    return p.c + w.row0 * p.ldc;
+  }
+  __device__ float row_scale(int64_t) const { return 1.f; }
   __device__ void notify(const TileWork&) const {}
 };
+
+// Activation and optional per-row scale on the way to the local C.
+template <Activation kAct_, bool kRowScale>
+struct ActivationEpilogue : PlainEpilogue {
+  static constexpr Activation kAct = kAct_;
+  static constexpr bool kHasRowScale = kRowScale;
+  const float* scale = nullptr;  // [rows of C] when kRowScale
+  __device__ float row_scale(int64_t row) const { return scale[row]; }
+};
+
+// Stores row band b (rows [b * rows_per_band, (b + 1) * rows_per_band) of the GEMM's output) into
+// rank b's buffer at slot `slot` ([slot * rows_per_band, ...) of that buffer), e.g. GEMM+RS
+// partials into the owner's receive buffer (slot = this rank). ASSUMPTION: the schedule never
+// lets a tile straddle two bands (rows_per_band a multiple of BLOCK_M, or a banded schedule).
+// Notifies per tile on `sig` (index = tile's linear id within its band, if set).
+template <class Element>
+struct PeerBandEpilogue {
+  static constexpr bool kHasNotify = false;
+  static constexpr Activation kAct = Activation::kNone;
+  static constexpr bool kHasRowScale = false;
+  Element* peers[32];  // buffer of each rank (comm::SymmetricView::ptrs)
+  int64_t rows_per_band = 0, ldc = 0;
+  int slot = 0;
+  __device__ Element* out(const Params<Element>&, const TileWork& w, int64_t& out_ldc) const {
+    out_ldc = ldc;
+    const int64_t band = w.row0 / rows_per_band;
+    return peers[band] + (int64_t(slot) * rows_per_band + (w.row0 - band * rows_per_band)) * ldc;
+  }
+  __device__ float row_scale(int64_t) const { return 1.f; }
+  __device__ void notify(const TileWork&) const {}
+};
+
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 
 template <class Element>
 struct Params {
@@ -167,43 +222,63 @@ struct Params {
   int64_t ldc;
 };
 
-// Stores a consumer warpgroup's accumulators to C (row-major, ldc), rounding to Element.
+// Stores a consumer warpgroup's accumulators through the epilogue, rounding to Element.
 //
 // NOTE: written against the wgmma m64nNk16 fp32 accumulator layout, not through CuTe's
-// coordinate tensors: computing a coordinate per element cost ~3 us per 128x256 tile (measured:
-// 56 % of cuBLAS at K = 512 against 99 % at K = 14336). In warpgroup `wg`, thread t (warp
-// t / 32, lane t % 32) holds, for each 8-column group j, columns 8j + 2 (lane % 4) + {0, 1} of
-// rows 16 warp + lane / 4 (values 4j, 4j + 1) and 8 rows below (values 4j + 2, 4j + 3).
-template <class Traits, class Accum>
-__device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Accum& accum,
-                                           int consumer_idx, const TileWork& w) {
+// coordinate tensors. In warpgroup `wg`, thread t (warp t / 32, lane t % 32) holds, for each
+// 8-column group j, columns 8j + 2 (lane % 4) + {0, 1} of rows 16 warp + lane / 4 (values 4j,
+// 4j + 1) and 8 rows below (values 4j + 2, 4j + 3). With kSiluMul the gate of output column c
+// is tile column c and its up is tile column c + BLOCK_N / 2: group j pairs with j + BLOCK_N / 16.
+template <class Traits, class Epilogue, class Accum>
+__device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                           const Accum& accum, int consumer_idx, const TileWork& w) {
   using Element = typename Traits::Element;
-  static_assert(decltype(size(accum))::value == Traits::kBlockN / 2, "one 64-row wgmma tile per warpgroup");
+  constexpr int kBN = Traits::kBlockN;
+  constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
+  constexpr int kOutCols = kGlu ? kBN / 2 : kBN;  // output columns of one tile
+  static_assert(decltype(size(accum))::value == kBN / 2, "one 64-row wgmma tile per warpgroup");
   const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
   const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;  // in the tile
-  const int col0 = w.n_tile * Traits::kBlockN + 2 * (lane % 4);
+  const int64_t out_n = kGlu ? p.n / 2 : p.n;
+  const int col0 = w.n_tile * kOutCols + 2 * (lane % 4);
   const int64_t rows = min_i64(w.row_end, p.m) - w.row0;  // rows of this tile's group left from row0
   const bool row_ok[2] = {row < rows, row + 8 < rows};
-  Element* base = p.c + (w.row0 + row) * p.ldc + col0;
-  // 32-bit pair stores need every row to start 4-byte aligned (C itself is 16-byte aligned).
-  const bool pairs = (p.ldc & 1) == 0;
+  float scale[2] = {1.f, 1.f};
+  if constexpr (Epilogue::kHasRowScale) {
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      if (row_ok[h]) scale[h] = epi.row_scale(w.row0 + row + 8 * h);
+  }
+  int64_t ldc = 0;
+  Element* base = epi.out(p, w, ldc) + row * ldc + col0;
+  // 32-bit pair stores need every row to start 4-byte aligned (outputs are 16-byte aligned).
+  const bool pairs = (ldc & 1) == 0;
   CUTE_UNROLL
-  for (int j = 0; j < Traits::kBlockN / 8; ++j) {
+  for (int j = 0; j < kOutCols / 8; ++j) {
     const int col = col0 + 8 * j;
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
       if (!row_ok[h]) continue;
-      Element* dst = base + h * 8 * p.ldc + 8 * j;
-      const float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
-      if (pairs && col + 1 < p.n) {
+      Element* dst = base + h * 8 * ldc + 8 * j;
+      float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
+      if constexpr (kGlu) {
+        v0 = silu(v0) * accum(4 * (j + kBN / 16) + 2 * h);
+        v1 = silu(v1) * accum(4 * (j + kBN / 16) + 2 * h + 1);
+      } else if constexpr (Epilogue::kAct == Activation::kGelu) {
+        v0 = gelu_erf(v0);
+        v1 = gelu_erf(v1);
+      }
+      v0 *= scale[h];
+      v1 *= scale[h];
+      if (pairs && col + 1 < out_n) {
         if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
           *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
         } else {
           *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
         }
       } else {
-        if (col < p.n) dst[0] = Element(v0);
-        if (col + 1 < p.n) dst[1] = Element(v1);
+        if (col < out_n) dst[0] = Element(v0);
+        if (col + 1 < out_n) dst[1] = Element(v1);
       }
     }
   }
@@ -351,7 +426,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
-      store_tile<Traits>(p, accum, consumer_idx, w);
+      store_tile<Traits>(p, epi, accum, consumer_idx, w);
       if constexpr (Epilogue::kHasNotify) {
         // Every consumer thread's stores happen-before the notify of the tile.
         asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
