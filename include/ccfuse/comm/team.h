@@ -10,6 +10,8 @@
 //
 // Collective calls (every rank must make them, in the same order): creation, alloc_symmetric,
 // make_signals, and the destructors of what they return.
+// ASSUMPTION: SymmetricBuffers and SignalSets are destroyed before the Team that made them (they
+// deregister their windows on its communicator).
 //
 // Three ways to make a Team:
 //   (a) one process drives all local GPUs, one thread per GPU:   run_local_world(...)
