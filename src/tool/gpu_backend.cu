@@ -16,6 +16,7 @@
 #include <random>
 
 #include "ccfuse/comm/team.h"
+#include "ccfuse/tp/ag_gemm.h"
 #include "ccfuse/common/cublas_check.h"
 #include "ccfuse/common/cuda_check.h"
 #include "reference/naive.h"
@@ -38,6 +39,10 @@ namespace {
 using comm::Team;
 
 bool is_ag(const Options& o) { return o.op == "ag_gemm"; }
+// The fused kernels built so far: ag_gemm v1 (bf16, M / W a multiple of 128).
+bool has_fused(const Options& o) {
+  return is_ag(o) && o.dtype == DType::kBFloat16 && (o.m / o.world_size) % 128 == 0;
+}
 size_t elem_size(DType t) { return size_t(dtype_size(t)); }
 cudaDataType_t cuda_type(DType t) { return t == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF; }
 ncclDataType_t nccl_type(DType t) { return t == DType::kFloat32 ? ncclFloat32 : ncclBfloat16; }
@@ -102,6 +107,7 @@ struct RankState {
   cublasHandle_t blas = nullptr;
   int num_sets = 1;
   std::vector<void*> a, b, gathered, out;  // per set; `gathered` = A_full (ag) or the partial P (rs/ar)
+  std::unique_ptr<tp::AgGemm> fused_ag;    // the fused op, where one is built for this problem
 
   RankState(Team& t, const Options& opts, int sets) : team(t), o(opts), s(rank_shape(opts)), num_sets(sets) {
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -113,6 +119,14 @@ struct RankState {
       b.push_back(alloc(size_t(s.gemm_k * o.n) * es));
       gathered.push_back(alloc(size_t(is_ag(o) ? o.m * o.k : o.m * o.n) * es));
       out.push_back(alloc(size_t(s.out_rows * o.n) * es));
+    }
+    if (has_fused(o)) {
+      tp::AgGemmDesc d;
+      d.m = o.m;
+      d.n = o.n;
+      d.k = o.k;
+      d.b_layout = gemm::BLayout::kKN;  // the tool's B is [K, N], as for cuBLAS
+      fused_ag = std::make_unique<tp::AgGemm>(team, d);
     }
   }
   ~RankState() {
@@ -144,6 +158,12 @@ struct RankState {
   void gemm_part(int set) {
     if (is_ag(o)) gemm_rowmajor(blas, o.dtype, o.m, o.n, o.k, gathered[set], b[set], out[set]);
     else gemm_rowmajor(blas, o.dtype, o.m, o.n, s.gemm_k, a[set], b[set], gathered[set]);
+  }
+  void fused(int set) { fused_ag->run(a[set], b[set], out[set], stream); }
+  // The fused op where one is built, else the serial baseline (what `check` verifies).
+  void op(int set) {
+    if (fused_ag) fused(set);
+    else serial(set);
   }
   void serial(int set) {
     if (is_ag(o)) {
@@ -180,7 +200,8 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
     for (float x : rank_input(o, r, 0, size_t(s.a_rows * s.a_cols))) a[size_t(r)].push_back(x);
     for (float x : rank_input(o, r, 1, size_t(s.gemm_k * o.n))) b[size_t(r)].push_back(x);
   }
-  log << "gpu: running the serial NCCL + cuBLAS " << o.op << " on " << w << " GPUs\n";
+  log << "gpu: running the " << (has_fused(o) ? "fused" : "serial NCCL + cuBLAS") << " " << o.op << " on " << w
+      << " GPUs\n";
   comm::run_local_world(devices_for(o), [&](Team& team) {
     const int r = team.rank();
     RankState st(team, o, 1);
@@ -188,7 +209,7 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
     upload(std::vector<float>(b[size_t(r)].begin(), b[size_t(r)].end()), o.dtype, st.b[0]);
     // Poison the output: every element must be written by the op.
     CCFUSE_CUDA_CHECK(cudaMemset(st.out[0], 0xff, size_t(s.out_rows * o.n) * elem_size(o.dtype)));
-    st.serial(0);
+    st.op(0);
     team.synchronize(st.stream);
     out[size_t(r)] = download(st.out[0], size_t(s.out_rows * o.n), o.dtype);
   }, comm::TeamOptions{o.watchdog_ms});
@@ -221,6 +242,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   constexpr int kSampleRows = 4;
   std::mutex mu;
   std::vector<double> t_comm(static_cast<size_t>(w)), t_gemm(static_cast<size_t>(w)), t_serial(static_cast<size_t>(w));
+  std::vector<double> t_fused(static_cast<size_t>(w), -1.0);
   std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
   cudaDeviceProp prop{};
   CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -261,11 +283,12 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     t_comm[size_t(r)] = time_it("t_comm", [&](int set) { st.comm_part(set); });
     t_gemm[size_t(r)] = time_it("t_gemm", [&](int set) { st.gemm_part(set); });
     t_serial[size_t(r)] = time_it("t_serial", [&](int set) { st.serial(set); });
+    if (st.fused_ag) t_fused[size_t(r)] = time_it("t_fused", [&](int set) { st.fused(set); });
 
     // rel_err on sampled rows of a fresh, poisoned run (a full fp64 reference of these
     // shapes would take minutes on the host).
     CCFUSE_CUDA_CHECK(cudaMemset(st.out[0], 0xff, size_t(s.out_rows * o.n) * es));
-    st.serial(0);
+    st.op(0);
     team.synchronize(st.stream);
     std::mt19937_64 pick(*o.seed + 17 * uint64_t(r));
     std::vector<int64_t> rows;
@@ -320,14 +343,18 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   rec.t_gemm_ms = *std::max_element(t_gemm.begin(), t_gemm.end());
   rec.t_serial_ms = *std::max_element(t_serial.begin(), t_serial.end());
   rec.t_limit_ms = std::max(rec.t_comm_ms, rec.t_gemm_ms);
+  if (has_fused(o)) rec.t_fused_ms = *std::max_element(t_fused.begin(), t_fused.end());
   double num = 0, den = 0;
   for (int r = 0; r < w; ++r) {
     num += err_num[size_t(r)];
     den += err_den[size_t(r)];
   }
   rec.rel_err = den > 0 ? std::sqrt(num / den) : -1;
-  rec.notes = "serial NCCL+cuBLAS baselines only (t_fused null: fused kernels not built yet); rel_err over " +
-              std::to_string(kSampleRows) + " sampled output rows per rank";
+  rec.notes = (has_fused(o) ? std::string("fused ag_gemm v1 (") + tp::to_string(tp::AgGemmConfig{}, prop.multiProcessorCount) +
+                                  "); rel_err of the fused op"
+                            : std::string("serial NCCL+cuBLAS baselines only (t_fused null: no fused kernel for this op/shape "
+                                          "yet); rel_err of the serial op")) +
+              " over " + std::to_string(kSampleRows) + " sampled output rows per rank";
   return rec;
 }
 

@@ -11,28 +11,13 @@
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/gemm.h"
 #include "ccfuse/gemm/ready_schedule.cuh"
+#include "gemm_reference.cuh"
 #include "gpu_test_util.h"
 
 namespace ccfuse::gemm {
 namespace {
 
-template <class E>
-__device__ double to_double(E v) {
-  return double(float(v));
-}
-
-// C_ref[i, j] = sum_k A[i, k] * B(k, j) in fp64 (B(k, j) = b[k * ldb + j] for kn, b[j * ldb + k] for nk).
-template <class E>
-__global__ void reference_gemm(const E* a, int64_t lda, const E* b, int64_t ldb, bool b_nk, double* c, int64_t m,
-                               int64_t n, int64_t k) {
-  const int64_t row = blockIdx.y * int64_t(blockDim.y) + threadIdx.y;
-  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (row >= m || col >= n) return;
-  double acc = 0;
-  for (int64_t kk = 0; kk < k; ++kk)
-    acc += to_double(a[row * lda + kk]) * to_double(b_nk ? b[col * ldb + kk] : b[kk * ldb + col]);
-  c[row * n + col] = acc;
-}
+using ccfuse::testing::reference_gemm;
 
 struct Case {
   int64_t m, n, k;

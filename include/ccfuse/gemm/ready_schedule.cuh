@@ -22,6 +22,7 @@ struct SignalReadySchedule {
   epoch_t epoch = 0;
   uint64_t seen[kCachedSignals / 64] = {};
   static constexpr bool kHasReady = true;
+  static constexpr bool kHasSide = false;
   CCFUSE_HD int64_t num_tiles() const { return base.num_tiles(); }
   int64_t max_tiles() const { return base.max_tiles(); }
   CCFUSE_HD TileWork work(int64_t idx) const { return base.work(idx); }

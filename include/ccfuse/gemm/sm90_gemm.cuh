@@ -17,6 +17,10 @@
 //     Schedule::work(idx) -> TileWork (tile, group, row range), Schedule::kHasReady and
 //     Schedule::wait_ready(work) (producer thread; false = watchdog fired)
 //   Epilogue::kHasNotify and Epilogue::notify(work) after a tile's stores are visible.
+//   Schedule::kHasSide, Schedule::num_side_ctas and Schedule::run_side(cta): horizontal fusion.
+//     The first num_side_ctas CTAs of the grid run run_side (all their threads: communication or
+//     reduction work) instead of the GEMM; the GEMM runs on the others. One kernel, one CTA per
+//     SM: the side CTAs are resident whenever the GEMM's are, so GEMM tiles may wait on them.
 // A grouped GEMM (MoE experts) is a Schedule whose tiles carry a group index (the batch of B)
 // and a row range of the concatenated A/C; the kernel is the same.
 #pragma once
@@ -102,6 +106,7 @@ struct PlainSchedule {
   int block_m = 128;
   int64_t m = 0;
   static constexpr bool kHasReady = false;
+  static constexpr bool kHasSide = false;
   CCFUSE_HD int64_t num_tiles() const { return int64_t(m_tiles) * n_tiles; }
   int64_t max_tiles() const { return num_tiles(); }
   CCFUSE_HD TileCoord coord(int64_t idx) const {
@@ -135,6 +140,7 @@ struct GroupedSchedule {
   int num_groups = 0, n_tiles = 0, block_m = 128, group_m = 8;
   int64_t tile_bound = 0;                 // host: most tiles any routing can produce
   static constexpr bool kHasReady = false;
+  static constexpr bool kHasSide = false;
   __device__ int64_t num_tiles() const { return tile_prefix[num_groups]; }
   int64_t max_tiles() const { return tile_bound; }
   __device__ TileWork work(int64_t idx) const {
@@ -290,6 +296,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a,
                 CUTE_GRID_CONSTANT const typename Traits::TmaB tma_b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  int side_ctas = 0;
+  if constexpr (Schedule::kHasSide) {
+    static_assert(Traits::kClusterM == 1, "side CTAs are built for unclustered launches");
+    side_ctas = sched.num_side_ctas;
+    if (int(blockIdx.x) < side_ctas) {
+      Schedule side = sched;  // run_side may keep state
+      side.run_side(blockIdx.x);
+      return;
+    }
+  }
   using Element = typename Traits::Element;
   using Storage = typename Traits::SharedStorage;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -318,7 +334,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
   }
   const int cta_rank = kCluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
-  const int unit_start = blockIdx.x / kCluster, unit_stride = gridDim.x / kCluster;
+  const int unit_start = (int(blockIdx.x) - side_ctas) / kCluster, unit_stride = (int(gridDim.x) - side_ctas) / kCluster;
 
   Tensor sA = make_tensor(make_smem_ptr(ss.a), typename Traits::SmemLayoutA{});  // (BM, BK, stages)
   Tensor sB = make_tensor(make_smem_ptr(ss.b), typename Traits::SmemLayoutB{});  // (BN, BK, stages)
@@ -474,10 +490,14 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
   if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaFuncSetAttribute: ", cudaGetErrorString(err)));
   if constexpr (Traits::kClusterM == 1) {
+    // grid_sms counts every CTA, side CTAs included.
+    int side = 0;
+    if constexpr (Schedule::kHasSide) side = sched.num_side_ctas;
     const int64_t tiles = sched.max_tiles();
-    const int grid = int(tiles < grid_sms ? tiles : grid_sms);
-    if (grid <= 0) return;
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b);
+    const int gemm_ctas = int(tiles < grid_sms - side ? tiles : grid_sms - side);
+    if (gemm_ctas <= 0 && side == 0) return;
+    if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
+    kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b);
   } else {
     static_assert(std::is_same_v<Schedule, PlainSchedule>, "clusters are built for the plain schedule only");
     cudaLaunchConfig_t config{};

@@ -1,0 +1,59 @@
+// ccfuse/tp/ag_gemm.h: fused AllGather + GEMM (DESIGN §1 row ag_gemm), host API.
+//
+//   rank r: A_r [M/W, K] (bf16), B_r ([K, N] or [N, K]) -> C_r [M, N] = AllGather_rows(A) @ B_r,
+//   and the gathered A [M, K] stays readable (gathered_a()) for the weight gradient.
+//
+// v1 design (docs/tp-fusion.md): one persistent kernel per call. Its first num_comm_ctas CTAs push
+// this rank's A band, one 128-row chunk at a time, into every rank's symmetric gather buffer over
+// NVLink and publish a flag per chunk; the other CTAs run the GEMM in rank-rotated band order
+// (own band first), each tile's producer waiting for its chunk's flag. Entry barrier and epochs
+// come from the Team's SignalSet: no host sync, back-to-back calls and CUDA graphs are safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "ccfuse/comm/team.h"
+#include "ccfuse/gemm/gemm.h"
+
+namespace ccfuse::tp {
+
+struct AgGemmDesc {
+  int64_t m = 0, n = 0, k = 0;  // M global rows; B_r is [K, N] (kKN) or [N, K] (kNK)
+  DType dtype = DType::kBFloat16;
+  gemm::BLayout b_layout = gemm::BLayout::kNK;
+};
+
+struct AgGemmConfig {
+  int num_comm_ctas = 8;  // NVLink stores reach ~349 GB/s with 8 CTAs (bench/results comm-microbench)
+  int num_sms = 0;        // CTAs in all (comm + GEMM); 0 = every SM
+  int group_m = 8;
+};
+
+// "comm_ctas=8 gemm_ctas=124 block=128x256x64 chunk_rows=128"
+std::string to_string(const AgGemmConfig& config, int num_sms);
+
+class AgGemm {
+ public:
+  // Collective over the Team. Throws InvalidArgument naming the rule: world size divides M,
+  // M / W a multiple of 128 (v1: chunks are whole row tiles), bf16, TMA alignment of K and N.
+  AgGemm(comm::Team& team, const AgGemmDesc& desc, AgGemmConfig config = {});
+  ~AgGemm();
+
+  // This rank's band inside the symmetric gather buffer ([M/W, K]): write A_r here and pass
+  // a_local = nullptr to run() to skip the local copy.
+  void* local_a() const;
+  // The gathered A [M, K] after a call.
+  const void* gathered_a() const;
+
+  // a_local: this rank's A_r [M/W, K] (device) or nullptr; b: B_r; c: C_r [M, N] (device).
+  void run(const void* a_local, const void* b, void* c, cudaStream_t stream);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace ccfuse::tp
