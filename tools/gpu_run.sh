@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -134,6 +134,40 @@ if [[ " $what " == *" hooks "* ]]; then
   timeout 200 $BIN/ccfuse_gemm_hooks_bench --iters 20 --json "$OUT/gemm_hooks.jsonl" 2>&1 | tee "$OUT/gemm_hooks.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("gemm hooks bench: rc=$rc")
+fi
+if [[ " $what " == *" router "* ]]; then
+  # MoE router + layout on GPU 0 (docs/moe-router-gpu.md): the GPU tests against the CPU reference,
+  # then route_gpu + make_layout_gpu (16384 tokens x 256 experts, top-8, softmax; dropless and
+  # capacity 1.25) against the PyTorch equivalent (tools/torch_router_bench.py). Target: >= 3x.
+  timeout 400 $BIN/ccfuse_gpu_tests --gtest_filter='*Router*:*Layout*' --gtest_output=json:"$OUT/router_tests.json" \
+    2>&1 | tee "$OUT/router_tests.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("router tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/router_tests.log" | tr '\n' ' ')")
+  summary+=("router tests: $(grep -c '^\[ case \]' "$OUT/router_tests.log") cases, $(grep '^\[ case \]' "$OUT/router_tests.log" | grep -vc 'near-ties 0 ') with near-ties")
+  : > "$OUT/router.jsonl"; : > "$OUT/router_torch.jsonl"
+  timeout 120 $BIN/ccfuse_router_bench --iters 50 --json "$OUT/router.jsonl" 2>&1 | tee "$OUT/router_bench.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  timeout 300 python3 tools/torch_router_bench.py --iters 50 --json "$OUT/router_torch.jsonl" 2>&1 \
+    | tee "$OUT/router_torch.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  router_line=$(python3 - "$OUT/router.jsonl" "$OUT/router_torch.jsonl" <<'PY'
+import json, sys
+ours = {r["capacity_factor"]: r for r in map(json.loads, open(sys.argv[1]))}
+torch = {r["capacity_factor"]: r for r in map(json.loads, open(sys.argv[2]))}
+parts, ok = [], True
+for cf in sorted(ours):
+    o, t = ours[cf], torch.get(cf)
+    if t is None:
+        parts.append("cf=%g: %.4f ms (no torch record)" % (cf, o["t_ccfuse_ms"])); ok = False; continue
+    s, s2 = t["t_torch_ms"] / o["t_ccfuse_ms"], t["t_torch_nosync_ms"] / o["t_ccfuse_ms"]
+    ok &= s >= 3
+    parts.append("cf=%g: ccfuse %.4f ms, torch %.4f ms -> %.1fx (%.1fx vs torch without bincount's sync); dropped %d vs %d"
+                 % (cf, o["t_ccfuse_ms"], t["t_torch_ms"], s, s2, o["dropped"], t["dropped"]))
+print("router bench: " + "; ".join(parts) + ("  [target >= 3x: MET]" if ok else "  [target >= 3x: NOT MET]"))
+PY
+)
+  echo "$router_line" | tee -a "$OUT/router_bench.log"
+  summary+=("$router_line")
 fi
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done
