@@ -36,12 +36,6 @@ __global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int
   if (overflow) *overflow = dropped;
 }
 
-int device_sms() {
-  int dev = 0, sms = 0;
-  CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
-  CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
 
 int64_t lda_of(const GemmDesc& d) { return d.lda ? d.lda : d.k; }
 int64_t ldb_of(const GemmDesc& d) { return d.ldb ? d.ldb : (d.b_layout == BLayout::kKN ? d.n : d.k); }
@@ -57,7 +51,7 @@ template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
   const auto sched = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
                                           cfg.order == TileOrder::kColumnMajor);
-  const int sms = cfg.num_sms > 0 ? cfg.num_sms : device_sms();
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
   sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{}, sms,
                             stream);
 }
@@ -78,7 +72,7 @@ void launch_grouped(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
   grouped_prefix_kernel<<<1, 32, 0, stream>>>(group_rows, d.num_groups, sched.n_tiles, cfg.block_m, d.max_rows,
                                               tile_prefix, row_prefix, overflow);
   CCFUSE_CUDA_CHECK_LAUNCH();
-  const int sms = cfg.num_sms > 0 ? cfg.num_sms : device_sms();
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
   const int64_t ldb = d.b_layout == BLayout::kKN ? d.n : d.k;
   sm90::launch_gemm<Traits>(d.max_rows, d.n, d.k, a, d.k, b, ldb, c, d.n, sched, sm90::PlainEpilogue{}, sms, stream,
                             d.num_groups, d.n * d.k);
@@ -110,6 +104,13 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
 }
 
 }  // namespace
+
+int current_device_sms() {
+  int dev = 0, sms = 0;
+  CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
+  CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
 
 void validate(const GemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.m > 0, "m ", d.m, " must be positive");
@@ -146,7 +147,7 @@ GemmConfig choose_config(const GemmDesc& d, int num_sms) {
   // Wave quantisation model: a persistent grid of `sms` CTAs runs ceil(tiles / sms) waves; the
   // last one may be partly empty. 128x256 tiles run ~8 % faster per FLOP than 128x128 (more
   // reuse per byte of shared memory), so prefer them unless their waves waste more than that.
-  const int sms = num_sms > 0 ? num_sms : device_sms();
+  const int sms = num_sms > 0 ? num_sms : current_device_sms();
   GemmConfig best;
   double best_score = -1;
   for (const auto& t : kTileShapes) {

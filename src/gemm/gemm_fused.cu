@@ -15,8 +15,7 @@ void launch_fused(const GemmDesc& d, const GemmConfig& cfg, const float* scale, 
                                           cfg.order == TileOrder::kColumnMajor);
   sm90::ActivationEpilogue<kAct, kScale> epi;
   epi.scale = scale;
-  int sms = cfg.num_sms;
-  if (sms <= 0) CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
   const int64_t lda = d.lda ? d.lda : d.k;
   const int64_t ldb = d.ldb ? d.ldb : (d.b_layout == BLayout::kKN ? d.n : d.k);
   const int64_t out_n = kAct == sm90::Activation::kSiluMul ? d.n / 2 : d.n;

@@ -17,6 +17,7 @@
 #include "ccfuse/common/error.h"
 #include "ccfuse/moe/layout_gpu.h"
 #include "src/moe/radix_sort.h"
+#include "src/moe/sorted_search.cuh"
 
 namespace ccfuse::moe {
 
@@ -41,15 +42,6 @@ __global__ void layout_keys(const int32_t* __restrict__ topk_ids, int64_t n, int
   values[i] = int32_t(i);
 }
 
-__device__ int64_t lower_bound_u32(const uint32_t* keys, int64_t n, uint32_t value) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) >> 1;
-    if (keys[mid] < value) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
 
 // Threads [0, n): sorted rows; threads [0, E): experts; thread 0 also reports bad_entry.
 __global__ void layout_finish(const uint32_t* __restrict__ sorted_keys, int64_t n, int num_experts, int world_size,
@@ -69,8 +61,8 @@ __global__ void layout_finish(const uint32_t* __restrict__ sorted_keys, int64_t 
   }
   if (x < num_experts) {
     const int e = int(x);
-    const int64_t begin = lower_bound_u32(sorted_keys, n, uint32_t(e) * uint32_t(world_size));
-    const int64_t end = lower_bound_u32(sorted_keys, n, uint32_t(e + 1) * uint32_t(world_size));
+    const int64_t begin = detail::lower_bound<uint32_t>(sorted_keys, n, uint32_t(e) * uint32_t(world_size));
+    const int64_t end = detail::lower_bound<uint32_t>(sorted_keys, n, uint32_t(e + 1) * uint32_t(world_size));
     bins[e] = int32_t(end);
     tokens_per_expert[e] = int32_t(end - begin);
   }

@@ -22,6 +22,7 @@
 #include "ccfuse/common/error.h"
 #include "ccfuse/moe/router_gpu.h"
 #include "src/moe/radix_sort.h"
+#include "src/moe/sorted_search.cuh"
 
 namespace ccfuse::moe {
 
@@ -209,17 +210,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// lower_bound over sorted keys: the first index whose key >= value.
-template <typename Key>
-__device__ int64_t lower_bound(const Key* keys, int64_t n, Key value) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) >> 1;
-    if (keys[mid] < value) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
 
 // One thread per expert e in [0, E]: start[e] = first sorted position of expert e (start[E] = n),
 // and for e < E the stats: tokens_per_expert = min(count, capacity), dropped += the excess.
@@ -229,9 +219,9 @@ __global__ void segment_bounds(const Key* __restrict__ sorted_keys, int64_t n, i
                                int64_t* __restrict__ dropped) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e > num_experts) return;
-  start[e] = lower_bound(sorted_keys, n, Key(Key(e) << shift));
+  start[e] = detail::lower_bound(sorted_keys, n, Key(Key(e) << shift));
   if (e == num_experts) return;
-  const int64_t count = lower_bound(sorted_keys, n, Key(Key(e + 1) << shift)) - start[e];
+  const int64_t count = detail::lower_bound(sorted_keys, n, Key(Key(e + 1) << shift)) - start[e];
   tokens_per_expert[e] = int32_t(count < capacity ? count : capacity);
   if (count > capacity) atomicAdd(reinterpret_cast<unsigned long long*>(dropped), (unsigned long long)(count - capacity));
 }

@@ -82,12 +82,6 @@ struct AgSchedule {
   }
 };
 
-int device_sms() {
-  int dev = 0, sms = 0;
-  CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
-  CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
 
 }  // namespace
 
@@ -157,7 +151,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   for (int r = 0; r < sched.world; ++r) sched.gather[r] = static_cast<char*>(s_->gather->peer(r));
   sched.band_offset_bytes = int64_t(team.rank()) * s_->m_local * d.k * 2;
   sched.chunk_bytes = int64_t(kBlockM) * d.k * 2;
-  const int sms = s_->cfg.num_sms > 0 ? s_->cfg.num_sms : device_sms();
+  const int sms = s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms();
   const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
   using E = cutlass::bfloat16_t;
   if (d.b_layout == gemm::BLayout::kNK)

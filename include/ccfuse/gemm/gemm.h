@@ -51,6 +51,9 @@ struct GemmConfig {
 // and leading dimensions; a tile shape the engine was built for.
 void validate(const GemmDesc& desc, const GemmConfig& config);
 
+// Multiprocessors of the current CUDA device (the default SM budget).
+int current_device_sms();
+
 // The engine's choice for a problem on `num_sms` SMs (tile shape by size, SM budget kept).
 GemmConfig choose_config(const GemmDesc& desc, int num_sms);
 
