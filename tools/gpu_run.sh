@@ -57,7 +57,18 @@ if [[ " $what " == *" tp "* ]]; then
       2>&1 | tee -a "$OUT/tp_baselines.log"
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   done
-  summary+=("tp bench: see tp_baselines.log")
+  # The peer baseline in the same run: PyTorch async-TP on the same shapes (ag_gemm, gemm_rs).
+  peer_shapes=()
+  for spec in "ag_gemm 8192 14336 8192" "ag_gemm 16384 14336 8192" "ag_gemm 4096 7168 4096" "ag_gemm 8192 3072 4096" \
+              "gemm_rs 8192 8192 28672" "gemm_rs 16384 8192 28672" "gemm_rs 4096 4096 14336" "gemm_rs 8192 4096 6144"; do
+    set -- $spec; peer_shapes+=(--shape "$1,$2,$3,$4")
+  done
+  ngpu=$(nvidia-smi -L | wc -l)
+  timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_async_tp_bench.py \
+    --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" > "$OUT/tp_peer.log" 2>&1 || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
+  [ -s "$OUT/tp_peer.jsonl" ] && python3 tools/merge_tp_peer.py "$OUT/tp_baselines.jsonl" "$OUT/tp_peer.jsonl" \
+    | tee "$OUT/tp_table.log"
+  summary+=("tp bench: see tp_baselines.log and tp_table.log")
 fi
 if [[ " $what " == *" gemm "* ]]; then
   # The GEMM engine on GPU 0: a few checks (partial tiles, both B layouts, fp16), then every

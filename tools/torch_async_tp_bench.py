@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The peer baseline of the TP ops: PyTorch async-TP on the same shapes and GPUs (DESIGN §5).
+
+Times torch.ops.symm_mem.fused_all_gather_matmul (ag_gemm) and fused_matmul_reduce_scatter
+(gemm_rs) with CUDA events (warm-up, median of --iters, a barrier before each run) and appends
+one JSON line per (op, shape) from rank 0: {op, world_size, m, n, k, dtype, t_peer_ms, peer}.
+Shapes follow the ccfuse tool: ag_gemm A_r [M/W, K], B [K, N]; gemm_rs A_r [M, K/W], B [K/W, N]
+(--k is the global K). Run one process per GPU:
+
+    python3 -m torch.distributed.run --nproc-per-node 2 tools/torch_async_tp_bench.py \\
+        --json OUT.jsonl --shape ag_gemm,8192,14336,8192 --shape gemm_rs,8192,8192,28672
+
+NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set here if unset).
+"""
+import argparse
+import json
+import os
+import statistics
+
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def parse_shape(text):
+    op, m, n, k = text.split(",")
+    if op not in ("ag_gemm", "gemm_rs"):
+        raise argparse.ArgumentTypeError("op must be ag_gemm or gemm_rs (PyTorch has no fused all-reduce matmul)")
+    return op, int(m), int(n), int(k)
+
+
+def time_ms(fn, iters, warmup, group):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier(group=group)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", required=True)
+    p.add_argument("--shape", type=parse_shape, action="append", required=True, help="op,m,n,k")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl")
+    group = dist.group.WORLD
+    import torch.distributed._symmetric_memory as symm_mem
+
+    symm_mem.enable_symm_mem_for_group(group.group_name)
+    gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    records = []
+    for op, m, n, k in args.shape:
+        if op == "ag_gemm":
+            a = torch.rand(m // world, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+            b = torch.rand(k, n, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+
+            def run():
+                torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group.group_name)
+        else:
+            a = torch.rand(m, k // world, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+            b = torch.rand(k // world, n, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+
+            def run():
+                torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group.group_name)
+
+        t = time_ms(run, args.iters, args.warmup, group)
+        # A collective op finishes with its slowest rank.
+        t_all = [None] * world
+        dist.all_gather_object(t_all, t)
+        records.append({"op": op, "world_size": world, "m": m, "n": n, "k": k, "dtype": "bf16",
+                        "t_peer_ms": max(t_all), "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__})
+        if rank == 0:
+            print("%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms" % (op, m, n, k, max(t_all)), flush=True)
+    if rank == 0:
+        with open(args.json, "a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
