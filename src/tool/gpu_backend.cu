@@ -1,11 +1,11 @@
 // GPU backend of the ccfuse tool: W ranks = W local GPUs, one thread each (Team mode (a)).
 //
-// Until the fused kernels land (issue: fused TP ops), this backend runs and times the serial
-// baselines that the fused ops must beat (DESIGN §5), all in one run on the same GPUs:
+// It runs and times the fused ops (ccfuse/tp) and, in the same run on the same GPUs, the serial
+// baselines that they must beat (DESIGN §5):
 //   ag_gemm : ncclAllGather(A) then cuBLAS  C = A_full @ B_r
 //   gemm_rs : cuBLAS P = A_r @ B_r then ncclReduceScatter(P)
 //   gemm_ar : cuBLAS P = A_r @ B_r then ncclAllReduce(P)
-// t_fused is reported as null: nothing fused is measured yet, and none is faked.
+// t_fused is null where no fused kernel is built for the op/shape/dtype (none is faked).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -17,6 +17,7 @@
 
 #include "ccfuse/comm/team.h"
 #include "ccfuse/tp/ag_gemm.h"
+#include "ccfuse/tp/gemm_rs.h"
 #include "ccfuse/common/cublas_check.h"
 #include "ccfuse/common/cuda_check.h"
 #include "reference/naive.h"
@@ -39,9 +40,15 @@ namespace {
 using comm::Team;
 
 bool is_ag(const Options& o) { return o.op == "ag_gemm"; }
-// The fused kernels built so far: ag_gemm v1 (bf16, M / W a multiple of 128).
+// The fused kernels built so far: ag_gemm v1 (bf16, M / W a multiple of 128); gemm_rs and
+// gemm_ar v1 (bf16 or fp16; the tool's 16-bit type is bf16).
 bool has_fused(const Options& o) {
-  return is_ag(o) && o.dtype == DType::kBFloat16 && (o.m / o.world_size) % 128 == 0;
+  if (is_ag(o)) return o.dtype == DType::kBFloat16 && (o.m / o.world_size) % 128 == 0;
+  return o.dtype == DType::kBFloat16;
+}
+std::string fused_config(const Options& o, int sms) {
+  if (is_ag(o)) return "ag_gemm v1 (" + tp::to_string(tp::AgGemmConfig{}, sms) + ")";
+  return o.op + " v1 (" + tp::to_string(tp::GemmRsConfig{}, sms, o.op == "gemm_ar") + ")";
 }
 size_t elem_size(DType t) { return size_t(dtype_size(t)); }
 cudaDataType_t cuda_type(DType t) { return t == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF; }
@@ -108,6 +115,8 @@ struct RankState {
   int num_sets = 1;
   std::vector<void*> a, b, gathered, out;  // per set; `gathered` = A_full (ag) or the partial P (rs/ar)
   std::unique_ptr<tp::AgGemm> fused_ag;    // the fused op, where one is built for this problem
+  std::unique_ptr<tp::GemmRs> fused_rs;
+  std::unique_ptr<tp::GemmAr> fused_ar;
 
   RankState(Team& t, const Options& opts, int sets) : team(t), o(opts), s(rank_shape(opts)), num_sets(sets) {
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -120,7 +129,17 @@ struct RankState {
       gathered.push_back(alloc(size_t(is_ag(o) ? o.m * o.k : o.m * o.n) * es));
       out.push_back(alloc(size_t(s.out_rows * o.n) * es));
     }
-    if (has_fused(o)) {
+    if (has_fused(o) && !is_ag(o)) {
+      tp::GemmRsDesc d;
+      d.m = o.m;
+      d.n = o.n;
+      d.k = s.gemm_k;  // per rank
+      d.dtype = o.dtype;
+      d.b_layout = gemm::BLayout::kKN;  // the tool's B is [K, N], as for cuBLAS
+      if (o.op == "gemm_rs") fused_rs = std::make_unique<tp::GemmRs>(team, d);
+      else fused_ar = std::make_unique<tp::GemmAr>(team, d);
+    }
+    if (has_fused(o) && is_ag(o)) {
       tp::AgGemmDesc d;
       d.m = o.m;
       d.n = o.n;
@@ -159,10 +178,15 @@ struct RankState {
     if (is_ag(o)) gemm_rowmajor(blas, o.dtype, o.m, o.n, o.k, gathered[set], b[set], out[set]);
     else gemm_rowmajor(blas, o.dtype, o.m, o.n, s.gemm_k, a[set], b[set], gathered[set]);
   }
-  void fused(int set) { fused_ag->run(a[set], b[set], out[set], stream); }
+  bool has_fused_op() const { return fused_ag || fused_rs || fused_ar; }
+  void fused(int set) {
+    if (fused_ag) fused_ag->run(a[set], b[set], out[set], stream);
+    else if (fused_rs) fused_rs->run(a[set], b[set], out[set], stream);
+    else fused_ar->run(a[set], b[set], out[set], stream);
+  }
   // The fused op where one is built, else the serial baseline (what `check` verifies).
   void op(int set) {
-    if (fused_ag) fused(set);
+    if (has_fused_op()) fused(set);
     else serial(set);
   }
   void serial(int set) {
@@ -283,7 +307,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     t_comm[size_t(r)] = time_it("t_comm", [&](int set) { st.comm_part(set); });
     t_gemm[size_t(r)] = time_it("t_gemm", [&](int set) { st.gemm_part(set); });
     t_serial[size_t(r)] = time_it("t_serial", [&](int set) { st.serial(set); });
-    if (st.fused_ag) t_fused[size_t(r)] = time_it("t_fused", [&](int set) { st.fused(set); });
+    if (st.has_fused_op()) t_fused[size_t(r)] = time_it("t_fused", [&](int set) { st.fused(set); });
 
     // rel_err on sampled rows of a fresh, poisoned run (a full fp64 reference of these
     // shapes would take minutes on the host).
@@ -350,8 +374,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     den += err_den[size_t(r)];
   }
   rec.rel_err = den > 0 ? std::sqrt(num / den) : -1;
-  rec.notes = (has_fused(o) ? std::string("fused ag_gemm v1 (") + tp::to_string(tp::AgGemmConfig{}, prop.multiProcessorCount) +
-                                  "); rel_err of the fused op"
+  rec.notes = (has_fused(o) ? "fused " + fused_config(o, prop.multiProcessorCount) + "; rel_err of the fused op"
                             : std::string("serial NCCL+cuBLAS baselines only (t_fused null: no fused kernel for this op/shape "
                                           "yet); rel_err of the serial op")) +
               " over " + std::to_string(kSampleRows) + " sampled output rows per rank";

@@ -63,7 +63,10 @@ struct Dev {
     return v;
   }
   void poison(int byte = kPoisonByte) {
+    // cudaMemset runs on the legacy stream, which does not order against the non-blocking
+    // streams the kernels run on: wait for it, or the poison can land after the kernel's writes.
     if (n > 0) CCFUSE_CUDA_CHECK(cudaMemset(p, byte, n * sizeof(T)));
+    CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
 

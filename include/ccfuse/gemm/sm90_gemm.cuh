@@ -167,6 +167,17 @@ struct GroupedSchedule {
 //   out(p, w, ldc) the address of output row w.row0, column 0, and the output's row stride:
 //                 the local C, or a peer's symmetric buffer (PeerBandEpilogue).
 //   kHasNotify    notify(w) after every consumer thread's stores of the tile.
+//   kMaxOuts      > 1: the tile goes to num_outs(w) (<= kMaxOuts) destinations, out_at(p, w, i,
+//                 ld) = address of row w.row0, column 0 of the i-th (and its row stride); the same
+//                 values are stored to each (GEMM+AllReduce: the local C and every peer's copy).
+//   kHasAddends   has_addends(w): this tile sums partial tiles from memory before its store;
+//                 wait_addends(w) (one consumer thread, then a barrier of the consumers) waits
+//                 until they are written; there are num_addends(w) (<= kMaxAddends), addend(w,
+//                 i, ld) = address of row w.row0, column 0 of the i-th (same columns as the tile).
+//                 They are added in fp32 (GEMM+ReduceScatter: the peers' partials of this rank's
+//                 rows are added to this rank's own partial, which never leaves the registers).
+//   kHasTail      tail(consumer_idx, cta, num_ctas) runs on the consumer threads of every GEMM
+//                 CTA after its last tile (GEMM+AllReduce: copying the peers' reduced bands).
 enum class Activation { kNone, kGelu, kSiluMul };
 
 template <class Element>
@@ -177,6 +188,10 @@ struct PlainEpilogue {
   static constexpr bool kHasNotify = false;
   static constexpr Activation kAct = Activation::kNone;
   static constexpr bool kHasRowScale = false;
+  static constexpr int kMaxOuts = 1;
+  static constexpr bool kHasAddends = false;
+  static constexpr int kMaxAddends = 0;
+  static constexpr bool kHasTail = false;
   template <class Element>
   __device__ Element* out(const Params<Element>& p, const TileWork& w, int64_t& ldc) const {
     ldc = p.ldc;
@@ -205,6 +220,10 @@ struct PeerBandEpilogue {
   static constexpr bool kHasNotify = false;
   static constexpr Activation kAct = Activation::kNone;
   static constexpr bool kHasRowScale = false;
+  static constexpr int kMaxOuts = 1;
+  static constexpr bool kHasAddends = false;
+  static constexpr int kMaxAddends = 0;
+  static constexpr bool kHasTail = false;
   Element* peers[32];  // buffer of each rank (comm::SymmetricView::ptrs)
   int64_t rows_per_band = 0, ldc = 0;
   int slot = 0;
@@ -255,8 +274,15 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
     for (int h = 0; h < 2; ++h)
       if (row_ok[h]) scale[h] = epi.row_scale(w.row0 + row + 8 * h);
   }
+  constexpr int kOuts = Epilogue::kMaxOuts;
+  int num_outs = 1;
+  if constexpr (kOuts > 1) num_outs = epi.num_outs(w);
+  for (int o = 0; o < num_outs; ++o) {
   int64_t ldc = 0;
-  Element* base = epi.out(p, w, ldc) + row * ldc + col0;
+  Element* base;
+  if constexpr (kOuts == 1) base = epi.out(p, w, ldc);
+  else base = epi.out_at(p, w, o, ldc);
+  base += row * ldc + col0;
   // 32-bit pair stores need every row to start 4-byte aligned (outputs are 16-byte aligned).
   const bool pairs = (ldc & 1) == 0;
   CUTE_UNROLL
@@ -285,6 +311,67 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
       } else {
         if (col < out_n) dst[0] = Element(v0);
         if (col + 1 < out_n) dst[1] = Element(v1);
+      }
+    }
+  }
+  }  // outs
+}
+
+__device__ __forceinline__ float2 load_pair(const cutlass::bfloat16_t* src) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
+}
+__device__ __forceinline__ float2 load_pair(const cutlass::half_t* src) {
+  return __half22float2(*reinterpret_cast<const __half2*>(src));
+}
+
+// Adds the epilogue's partial tiles (Epilogue::addends) into a consumer warpgroup's
+// accumulators, in fp32, same fragment layout as store_tile. Loads go in batches of kBatch
+// column groups (8 loads in flight per thread) before they are used: all 64 at once would need
+// 128 more registers than the consumers have (the kernel spilled).
+template <class Traits, class Epilogue, class Accum>
+__device__ __forceinline__ void add_addends(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                            Accum& accum, int consumer_idx, const TileWork& w) {
+  using Element = typename Traits::Element;
+  constexpr int kBN = Traits::kBlockN;
+  constexpr int kBatch = 4;
+  static_assert((kBN / 8) % kBatch == 0, "column groups in whole batches");
+  static_assert(Epilogue::kAct == Activation::kNone, "addends are summed before the store, without activation");
+  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
+  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
+  const int col0 = w.n_tile * kBN + 2 * (lane % 4);
+  const int64_t rows = min_i64(w.row_end, p.m) - w.row0;
+  const bool row_ok[2] = {row < rows, row + 8 < rows};
+  const int num = epi.num_addends(w);
+  for (int a = 0; a < num; ++a) {
+    int64_t ld = 0;
+    const Element* base = epi.addend(w, a, ld) + row * ld + col0;
+    const bool pairs = (ld & 1) == 0;
+    CUTE_UNROLL
+    for (int j0 = 0; j0 < kBN / 8; j0 += kBatch) {
+      float2 v[kBatch][2];
+      CUTE_UNROLL
+      for (int jj = 0; jj < kBatch; ++jj) {
+        const int j = j0 + jj, col = col0 + 8 * j;
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          v[jj][h] = make_float2(0.f, 0.f);
+          if (!row_ok[h]) continue;
+          const Element* src = base + h * 8 * ld + 8 * j;
+          if (pairs && col + 1 < p.n) {
+            v[jj][h] = load_pair(src);
+          } else {
+            if (col < p.n) v[jj][h].x = float(src[0]);
+            if (col + 1 < p.n) v[jj][h].y = float(src[1]);
+          }
+        }
+      }
+      CUTE_UNROLL
+      for (int jj = 0; jj < kBatch; ++jj) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          accum(4 * (j0 + jj) + 2 * h) += v[jj][h].x;
+          accum(4 * (j0 + jj) + 2 * h + 1) += v[jj][h].y;
+        }
       }
     }
   }
@@ -442,6 +529,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
+      if constexpr (Epilogue::kHasAddends) {
+        if (epi.has_addends(w)) {  // the same for every consumer thread of the CTA
+          if (consumer_idx == 0) epi.wait_addends(w);
+          // The wait's acquire happens-before every consumer thread's loads of the addends.
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
+          add_addends<Traits>(p, epi, accum, consumer_idx, w);
+        }
+      }
       store_tile<Traits>(p, epi, accum, consumer_idx, w);
       if constexpr (Epilogue::kHasNotify) {
         // Every consumer thread's stores happen-before the notify of the tile.
@@ -449,6 +544,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (consumer_idx == 0) epi.notify(w);
       }
     }
+    if constexpr (Epilogue::kHasTail) epi.tail(consumer_idx, unit_start, unit_stride);
   }
   if constexpr (kCluster > 1) {
     // No CTA leaves while its partner may still arrive on its barriers.

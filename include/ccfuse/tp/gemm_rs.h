@@ -1,0 +1,82 @@
+// ccfuse/tp/gemm_rs.h: fused GEMM + ReduceScatter and GEMM + AllReduce (DESIGN §1 rows gemm_rs,
+// gemm_ar), host API.
+//
+//   rank r: A_r [M, K] and B_r ([K, N] or [N, K]) hold this rank's slice of the reduction
+//   (a row-parallel Linear: K is the per-rank K, the global one is W * K). Partial P_r = A_r @ B_r.
+//   GemmRs:  C_r [M/W, N] = rows [r * M/W, (r + 1) * M/W) of sum_p P_p
+//   GemmAr:  C_r [M, N]   = sum_p P_p  (the M-split form: reduce-scatter by row band, then
+//                           all-gather the reduced bands; never a split along K)
+//
+// v1 design (docs/tp-fusion.md): one persistent GEMM kernel on every SM, no communication CTAs.
+// Each rank computes the row bands of its peers first, in a staggered order (rank r takes band
+// r + 1, r + 2, ... so that at any time each rank receives from one peer), and stores each
+// finished partial tile straight into the owner's symmetric receive buffer over NVLink, then
+// releases a flag per tile. Its own band comes last: the epilogue of each own tile waits for
+// the W - 1 peer flags of that tile, adds the peers' partials to its own accumulators in fp32
+// (its own partial never leaves the registers) and stores the result. GemmAr also stores each
+// reduced tile into every peer's symmetric output and flags it; after their last tile the CTAs
+// copy the peers' bands into C (or nothing, when C is output()).
+// Entry barrier and epochs come from the Team's SignalSet: no host sync, back-to-back calls and
+// CUDA graphs are safe. Waits are watchdog'd (TimeoutError on the host).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "ccfuse/comm/team.h"
+#include "ccfuse/gemm/gemm.h"
+
+namespace ccfuse::tp {
+
+struct GemmRsDesc {
+  int64_t m = 0, n = 0;
+  int64_t k = 0;  // per-rank K (the reduction slice this rank holds)
+  DType dtype = DType::kBFloat16;
+  gemm::BLayout b_layout = gemm::BLayout::kNK;
+  int world_size = 0;  // 0: the Team's; else must equal it (catches a Team of another size)
+};
+
+struct GemmRsConfig {
+  int num_sms = 0;  // CTAs of the persistent GEMM; 0 = every SM
+  int group_m = 8;
+};
+
+// "block=128x256x64 stages=4 sms=132 bands=staggered(own last) reduce=epilogue(fp32)"
+std::string to_string(const GemmRsConfig& config, int num_sms, bool all_reduce);
+
+// Largest number of ranks the fused TP reductions are built for.
+constexpr int kMaxTpRanks = 8;
+
+class GemmRs {
+ public:
+  // Collective over the Team. Throws InvalidArgument naming the rule: the world size divides M
+  // and is at most 8, dtype bf16 or fp16, TMA alignment of K (and N for [K, N] B), the desc's
+  // world size equal to the Team's.
+  GemmRs(comm::Team& team, const GemmRsDesc& desc, GemmRsConfig config = {});
+  ~GemmRs();
+  // a: A_r [M, K]; b: B_r; c: C_r [M/W, N]; all device pointers, 16-byte aligned, c not
+  // overlapping a or b.
+  void run(const void* a, const void* b, void* c, cudaStream_t stream);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+class GemmAr {
+ public:
+  GemmAr(comm::Team& team, const GemmRsDesc& desc, GemmRsConfig config = {});
+  ~GemmAr();
+  // The symmetric output [M, N]: pass it as c to skip the final copy of the peers' bands.
+  void* output() const;
+  // a: A_r [M, K]; b: B_r; c: C [M, N] (or output()).
+  void run(const void* a, const void* b, void* c, cudaStream_t stream);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace ccfuse::tp

@@ -1,0 +1,280 @@
+// Fused GEMM + ReduceScatter and GEMM + AllReduce, v1: partial tiles stored to their owner over
+// NVLink by the GEMM's epilogue, reduced in the owner's epilogue (ccfuse/tp/gemm_rs.h).
+#include "ccfuse/tp/gemm_rs.h"
+
+#include <sstream>
+
+#include "ccfuse/comm/signals.cuh"
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/gemm/sm90_gemm.cuh"
+
+namespace ccfuse::tp {
+
+namespace {
+
+constexpr int kBlockM = 128, kBlockN = 256;
+
+// Tiles in bands, staggered: rank r takes band (r + 1) % W first and its own band last; inside a
+// band, grouped row-major. A band has ceil(m_local / BLOCK_M) row tiles; its last tile's rows past
+// the band are computed from the next band's A rows (or TMA zeros) and never stored.
+struct RsSchedule {
+  int m_tiles_per_band = 0, n_tiles = 0, group_m = 8, rank = 0, world = 1;
+  int64_t m_local = 0;
+  static constexpr bool kHasReady = false;
+  static constexpr bool kHasSide = false;
+  CCFUSE_HD int64_t num_tiles() const { return int64_t(world) * m_tiles_per_band * n_tiles; }
+  int64_t max_tiles() const { return num_tiles(); }
+  CCFUSE_HD gemm::TileWork work(int64_t idx) const {
+    const int64_t per_band = int64_t(m_tiles_per_band) * n_tiles;
+    const int band = int((rank + 1 + idx / per_band) % world);
+    const gemm::TileCoord c = gemm::grouped_row_major(idx % per_band, m_tiles_per_band, n_tiles, group_m);
+    const int64_t row0 = band * m_local + int64_t(c.m_tile) * kBlockM;
+    return gemm::TileWork{band * m_tiles_per_band + c.m_tile, c.n_tile, 0, row0, (band + 1) * m_local};
+  }
+  __device__ bool wait_ready(const gemm::TileWork&) { return true; }
+};
+
+// Flags (on the owner of a band): [src * tiles_per_band + t] = partial tile t of the band from
+// rank src; GemmAr adds [W * tiles_per_band + owner * tiles_per_band + t] on every rank = reduced
+// tile t of `owner`'s band stored into this rank's output.
+template <class Element, bool kAllReduce>
+struct RsEpilogue {
+  static constexpr bool kHasNotify = true;
+  static constexpr gemm::sm90::Activation kAct = gemm::sm90::Activation::kNone;
+  static constexpr bool kHasRowScale = false;
+  static constexpr int kMaxOuts = kAllReduce ? kMaxTpRanks : 1;
+  static constexpr bool kHasAddends = true;
+  static constexpr int kMaxAddends = kMaxTpRanks - 1;
+  static constexpr bool kHasTail = kAllReduce;
+
+  Element* recv[kMaxTpRanks] = {};   // every rank's receive buffer [W][m_local][N]
+  Element* agout[kMaxTpRanks] = {};  // GemmAr: every rank's symmetric output [M, N]
+  Element* c = nullptr;              // this rank's output: [m_local, N] (rs) or [M, N] (ar)
+  int64_t m_local = 0, n = 0, ldc = 0;
+  int rank = 0, world = 1, m_tiles_per_band = 1, n_tiles = 1;
+  bool copy_tail = true;  // GemmAr: C is not the symmetric output, copy the peers' bands into it
+  comm::DeviceSignals sig{};
+
+  CCFUSE_HD int band_of(const gemm::TileWork& w) const { return w.m_tile / m_tiles_per_band; }
+  CCFUSE_HD int tiles_per_band() const { return m_tiles_per_band * n_tiles; }
+  CCFUSE_HD int tile_in_band(const gemm::TileWork& w) const {
+    return (w.m_tile % m_tiles_per_band) * n_tiles + w.n_tile;
+  }
+  CCFUSE_HD int64_t row_in_band(const gemm::TileWork& w) const { return w.row0 - band_of(w) * m_local; }
+
+  __device__ bool has_addends(const gemm::TileWork& w) const { return world > 1 && band_of(w) == rank; }
+  __device__ void wait_addends(const gemm::TileWork& w) const {
+    const epoch_t e = comm::current_epoch(sig);
+    const int t = tile_in_band(w);
+    for (int i = 1; i < world; ++i) {
+      const int src = (rank + i) % world;
+      // On a watchdog timeout: go on (garbage out); the host raises TimeoutError.
+      if (!comm::wait(sig, src * tiles_per_band() + t, e, src)) return;
+    }
+  }
+  __device__ int num_addends(const gemm::TileWork&) const { return world - 1; }
+  __device__ const Element* addend(const gemm::TileWork& w, int i, int64_t& ld) const {
+    ld = n;
+    const int src = (rank + 1 + i) % world;
+    return recv[rank] + (src * m_local + row_in_band(w)) * n;
+  }
+  // GemmRs: own band -> C; a peer's band -> slot `rank` of the owner's receive buffer.
+  // GemmAr (out_at): own band -> C (i = 0) and every peer's output (i = 1 .. W-1).
+  __device__ Element* out(const gemm::sm90::Params<Element>&, const gemm::TileWork& w, int64_t& out_ld) const {
+    const int band = band_of(w);
+    if (band == rank) {
+      out_ld = ldc;
+      return c + row_in_band(w) * ldc;
+    }
+    out_ld = n;
+    return recv[band] + (rank * m_local + row_in_band(w)) * n;
+  }
+  __device__ int num_outs(const gemm::TileWork& w) const { return band_of(w) == rank ? world : 1; }
+  __device__ Element* out_at(const gemm::sm90::Params<Element>& p, const gemm::TileWork& w, int i,
+                             int64_t& out_ld) const {
+    if (band_of(w) != rank) return out(p, w, out_ld);
+    out_ld = i == 0 ? ldc : n;
+    return i == 0 ? c + w.row0 * ldc : agout[(rank + i) % world] + w.row0 * n;
+  }
+  __device__ void notify(const gemm::TileWork& w) const {
+    const epoch_t e = comm::current_epoch(sig);
+    const int band = band_of(w), t = tile_in_band(w);
+    if (band != rank) {
+      comm::notify(sig, band, rank * tiles_per_band() + t, e);
+    } else if constexpr (kAllReduce) {
+      for (int i = 1; i < world; ++i)
+        comm::notify(sig, (rank + i) % world, world * tiles_per_band() + rank * tiles_per_band() + t, e);
+    }
+  }
+  // GemmAr, consumer threads of each GEMM CTA after its last tile: the peers' reduced tiles
+  // (strided over the CTAs), waited for and copied from the symmetric output into C.
+  __device__ void tail(int consumer_idx, int64_t cta, int64_t num_ctas) const {
+    if constexpr (kAllReduce) {
+      constexpr int kThreads = 256;
+      const epoch_t e = comm::current_epoch(sig);
+      const int64_t total = int64_t(world - 1) * tiles_per_band();
+      const bool vec = (n % 8) == 0 && (ldc % 8) == 0;
+      for (int64_t idx = cta; idx < total; idx += num_ctas) {
+        const int owner = int((rank + 1 + idx / tiles_per_band()) % world);
+        const int t = int(idx % tiles_per_band());
+        if (consumer_idx == 0) (void)comm::wait(sig, world * tiles_per_band() + owner * tiles_per_band() + t, e, owner);
+        asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+        if (!copy_tail) continue;
+        const int64_t row0 = owner * m_local + int64_t(t / n_tiles) * kBlockM;
+        const int64_t rows = min_i64(int64_t(kBlockM), (owner + 1) * m_local - row0);
+        const int64_t col0 = int64_t(t % n_tiles) * kBlockN;
+        const int64_t cols = min_i64(int64_t(kBlockN), n - col0);
+        const Element* from = agout[rank] + row0 * n + col0;
+        Element* to = c + row0 * ldc + col0;
+        if (vec) {
+          const int64_t per_row = cols / 8;
+          for (int64_t i = consumer_idx; i < rows * per_row; i += kThreads) {
+            const int64_t r = i / per_row, q = i % per_row;
+            reinterpret_cast<int4*>(to + r * ldc)[q] = reinterpret_cast<const int4*>(from + r * n)[q];
+          }
+        } else {
+          for (int64_t i = consumer_idx; i < rows * cols; i += kThreads) {
+            const int64_t r = i / cols, q = i % cols;
+            to[r * ldc + q] = from[r * n + q];
+          }
+        }
+      }
+    }
+  }
+};
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
+
+std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce) {
+  std::ostringstream os;
+  os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=4 sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
+     << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
+     << (all_reduce ? " allgather=epilogue-stores+tail-copy" : "");
+  return os.str();
+}
+
+// The state and launch shared by GemmRs and GemmAr.
+struct RsState {
+  comm::Team& team;
+  GemmRsDesc desc;
+  GemmRsConfig cfg;
+  bool all_reduce;
+  int64_t m_local = 0;
+  int m_tiles_per_band = 0, n_tiles = 0;
+  std::unique_ptr<comm::SymmetricBuffer> recv, agout;
+  std::unique_ptr<comm::SignalSet> sig;
+
+  RsState(comm::Team& t, const GemmRsDesc& d, const GemmRsConfig& c, bool ar)
+      : team(t), desc(d), cfg(c), all_reduce(ar) {
+    const char* op = ar ? "gemm_ar" : "gemm_rs";
+    const int w = team.world_size();
+    CCFUSE_ARG_CHECK(d.world_size == 0 || d.world_size == w, op, ": desc.world_size ", d.world_size,
+                     " does not match the Team's world size ", w);
+    CCFUSE_ARG_CHECK(w <= kMaxTpRanks, op, ": world size ", w, " exceeds ", kMaxTpRanks);
+    CCFUSE_ARG_CHECK(d.m > 0 && d.n > 0 && d.k > 0, op, ": m, n, k must be positive (got ", d.m, ", ", d.n, ", ",
+                     d.k, ")");
+    CCFUSE_ARG_CHECK(d.m % w == 0, op, ": m ", d.m, " is not divisible by the world size ", w);
+    CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, op, ": dtype must be bf16 or fp16, not ",
+                     dtype_name(d.dtype));
+    CCFUSE_ARG_CHECK(cfg.group_m >= 1, op, ": group_m ", cfg.group_m, " must be at least 1");
+    gemm::GemmDesc g;
+    g.m = d.m;
+    g.n = d.n;
+    g.k = d.k;
+    g.dtype = d.dtype;
+    g.b_layout = d.b_layout;
+    gemm::validate(g, gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
+    m_local = d.m / w;
+    m_tiles_per_band = int(ceil_div(m_local, kBlockM));
+    n_tiles = int(ceil_div(d.n, kBlockN));
+    const int64_t tpb = int64_t(m_tiles_per_band) * n_tiles;
+    CCFUSE_ARG_CHECK(tpb * w * (ar ? 2 : 1) < int64_t(1) << 30, op, ": too many tiles (", tpb * w, ")");
+    recv = team.alloc_symmetric(size_t(d.m * d.n) * 2);
+    if (ar) agout = team.alloc_symmetric(size_t(d.m * d.n) * 2);
+    sig = team.make_signals(op, int(tpb * w * (ar ? 2 : 1)));
+  }
+
+  void run(const void* a, const void* b, void* c, cudaStream_t stream) {
+    const GemmRsDesc& d = desc;
+    const char* op = all_reduce ? "gemm_ar" : "gemm_rs";
+    team.check_watchdog();  // a timeout of an earlier call is reported here, not swallowed
+    CCFUSE_ARG_CHECK(a != nullptr && b != nullptr && c != nullptr, op, ": a, b and c must be device pointers");
+    for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "a"}, {b, "b"}, {c, "c"}})
+      CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, op, ": ", name, " (", ptr,
+                       ") must be 16-byte aligned");
+    const size_t es = 2;
+    const size_t c_bytes = size_t((all_reduce ? d.m : m_local) * d.n) * es;
+    CCFUSE_ARG_CHECK(!overlaps(c, c_bytes, a, size_t(d.m * d.k) * es), op, ": output c overlaps input a");
+    CCFUSE_ARG_CHECK(!overlaps(c, c_bytes, b, size_t(d.n * d.k) * es), op, ": output c overlaps input b");
+    CCFUSE_ARG_CHECK(!overlaps(c, c_bytes, recv->local(), size_t(d.m * d.n) * es), op,
+                     ": output c overlaps the receive buffer");
+    if (d.dtype == DType::kBFloat16) launch<cutlass::bfloat16_t>(a, b, c, stream);
+    else launch<cutlass::half_t>(a, b, c, stream);
+  }
+
+  template <class E>
+  void launch(const void* a, const void* b, void* c, cudaStream_t stream) {
+    if (all_reduce) launch_mode<E, true>(a, b, c, stream);
+    else launch_mode<E, false>(a, b, c, stream);
+  }
+
+  template <class E, bool kAr>
+  void launch_mode(const void* a, const void* b, void* c, cudaStream_t stream) {
+    const GemmRsDesc& d = desc;
+    const int w = team.world_size();
+    sig->begin_call(stream);  // entry barrier (peers done reading their buffers) + epoch
+    RsSchedule sched;
+    sched.m_tiles_per_band = m_tiles_per_band;
+    sched.n_tiles = n_tiles;
+    sched.group_m = cfg.group_m;
+    sched.rank = team.rank();
+    sched.world = w;
+    sched.m_local = m_local;
+    RsEpilogue<E, kAr> epi;
+    for (int r = 0; r < w; ++r) {
+      epi.recv[r] = static_cast<E*>(recv->peer(r));
+      if (kAr) epi.agout[r] = static_cast<E*>(agout->peer(r));
+    }
+    epi.c = static_cast<E*>(c);
+    epi.m_local = m_local;
+    epi.n = d.n;
+    epi.ldc = d.n;
+    epi.rank = team.rank();
+    epi.world = w;
+    epi.m_tiles_per_band = m_tiles_per_band;
+    epi.n_tiles = n_tiles;
+    epi.copy_tail = !kAr || c != agout->local();
+    epi.sig = sig->device();
+    const int sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
+    const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
+    if (d.b_layout == gemm::BLayout::kNK)
+      gemm::sm90::launch_gemm<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, true>>(d.m, d.n, d.k, a, d.k, b, ldb, c,
+                                                                                  d.n, sched, epi, sms, stream);
+    else
+      gemm::sm90::launch_gemm<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, false>>(d.m, d.n, d.k, a, d.k, b, ldb, c,
+                                                                                   d.n, sched, epi, sms, stream);
+  }
+};
+
+struct GemmRs::State : RsState {
+  using RsState::RsState;
+};
+struct GemmAr::State : RsState {
+  using RsState::RsState;
+};
+
+GemmRs::GemmRs(comm::Team& team, const GemmRsDesc& d, GemmRsConfig cfg) : s_(new State(team, d, cfg, false)) {}
+GemmRs::~GemmRs() = default;
+void GemmRs::run(const void* a, const void* b, void* c, cudaStream_t stream) { s_->run(a, b, c, stream); }
+
+GemmAr::GemmAr(comm::Team& team, const GemmRsDesc& d, GemmRsConfig cfg) : s_(new State(team, d, cfg, true)) {}
+GemmAr::~GemmAr() = default;
+void* GemmAr::output() const { return s_->agout->local(); }
+void GemmAr::run(const void* a, const void* b, void* c, cudaStream_t stream) { s_->run(a, b, c, stream); }
+
+}  // namespace ccfuse::tp
