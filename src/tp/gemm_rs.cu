@@ -34,21 +34,51 @@ struct RsSchedule {
   __device__ bool wait_ready(const gemm::TileWork&) { return true; }
 };
 
+// Copies a rows x cols tile (row strides ld_from, ld_to in elements) with `num_threads` threads:
+// with 16-byte aligned rows, thread t owns one 16-byte column of rows t / per_row, + step, ... and
+// keeps four loads in flight before their stores (the destination is usually a peer over
+// NVLink); few registers, as the send warps run with 64.
+template <class Element>
+__device__ void copy_tile(const Element* from, int64_t ld_from, Element* to, int64_t ld_to, int64_t rows, int64_t cols,
+                          int tid, int num_threads) {
+  const int64_t per_row = cols / 8;
+  const bool vec = cols % 8 == 0 && ld_from % 8 == 0 && ld_to % 8 == 0 && per_row <= num_threads &&
+                   (reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to)) % 16 == 0;
+  if (!vec) {
+    for (int64_t i = tid; i < rows * cols; i += num_threads) to[(i / cols) * ld_to + i % cols] = from[(i / cols) * ld_from + i % cols];
+    return;
+  }
+  const int rows_step = num_threads / int(per_row);
+  if (tid >= rows_step * per_row) return;
+  int64_t r = tid / per_row;
+  const int4* src = reinterpret_cast<const int4*>(from + r * ld_from) + tid % per_row;
+  int4* dst = reinterpret_cast<int4*>(to + r * ld_to) + tid % per_row;
+  const int64_t src_step = rows_step * ld_from / 8, dst_step = rows_step * ld_to / 8;
+  for (; r + 3 * rows_step < rows; r += 4 * rows_step, src += 4 * src_step, dst += 4 * dst_step) {
+    int4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = src[u * src_step];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) dst[u * dst_step] = v[u];
+  }
+  for (; r < rows; r += rows_step, src += src_step, dst += dst_step) *dst = *src;
+}
+
 // Flags (on the owner of a band): [src * tiles_per_band + t] = partial tile t of the band from
 // rank src; GemmAr adds [W * tiles_per_band + owner * tiles_per_band + t] on every rank = reduced
 // tile t of `owner`'s band stored into this rank's output.
 template <class Element, bool kAllReduce>
 struct RsEpilogue {
-  static constexpr bool kHasNotify = true;
+  static constexpr bool kHasNotify = false;
   static constexpr gemm::sm90::Activation kAct = gemm::sm90::Activation::kNone;
   static constexpr bool kHasRowScale = false;
-  static constexpr int kMaxOuts = kAllReduce ? kMaxTpRanks : 1;
+  static constexpr bool kHasSendWarps = true;
   static constexpr bool kHasAddends = true;
-  static constexpr int kMaxAddends = kMaxTpRanks - 1;
   static constexpr bool kHasTail = kAllReduce;
 
   Element* recv[kMaxTpRanks] = {};   // every rank's receive buffer [W][m_local][N]
   Element* agout[kMaxTpRanks] = {};  // GemmAr: every rank's symmetric output [M, N]
+  Element* staging = nullptr;        // local [M, N]: finished partial tiles of the peers' bands
   Element* c = nullptr;              // this rank's output: [m_local, N] (rs) or [M, N] (ar)
   int64_t m_local = 0, n = 0, ldc = 0;
   int rank = 0, world = 1, m_tiles_per_band = 1, n_tiles = 1;
@@ -61,7 +91,12 @@ struct RsEpilogue {
     return (w.m_tile % m_tiles_per_band) * n_tiles + w.n_tile;
   }
   CCFUSE_HD int64_t row_in_band(const gemm::TileWork& w) const { return w.row0 - band_of(w) * m_local; }
+  CCFUSE_HD int64_t tile_rows(const gemm::TileWork& w) const { return min_i64(int64_t(kBlockM), w.row_end - w.row0); }
+  CCFUSE_HD int64_t tile_cols(const gemm::TileWork& w) const {
+    return min_i64(int64_t(kBlockN), n - int64_t(w.n_tile) * kBlockN);
+  }
 
+  // ---- consumers: the own band adds the peers' partials, then every tile is stored locally ----
   __device__ bool has_addends(const gemm::TileWork& w) const { return world > 1 && band_of(w) == rank; }
   __device__ void wait_addends(const gemm::TileWork& w) const {
     const epoch_t e = comm::current_epoch(sig);
@@ -78,25 +113,31 @@ struct RsEpilogue {
     const int src = (rank + 1 + i) % world;
     return recv[rank] + (src * m_local + row_in_band(w)) * n;
   }
-  // GemmRs: own band -> C; a peer's band -> slot `rank` of the owner's receive buffer.
-  // GemmAr (out_at): own band -> C (i = 0) and every peer's output (i = 1 .. W-1).
+  // Own band -> C; a peer's band -> the local staging buffer (the send warps forward it).
   __device__ Element* out(const gemm::sm90::Params<Element>&, const gemm::TileWork& w, int64_t& out_ld) const {
-    const int band = band_of(w);
-    if (band == rank) {
-      out_ld = ldc;
-      return c + row_in_band(w) * ldc;
+    if (band_of(w) != rank) {
+      out_ld = n;
+      return staging + w.row0 * n;
     }
-    out_ld = n;
-    return recv[band] + (rank * m_local + row_in_band(w)) * n;
+    out_ld = ldc;
+    return c + (kAllReduce ? w.row0 : row_in_band(w)) * ldc;
   }
-  __device__ int num_outs(const gemm::TileWork& w) const { return band_of(w) == rank ? world : 1; }
-  __device__ Element* out_at(const gemm::sm90::Params<Element>& p, const gemm::TileWork& w, int i,
-                             int64_t& out_ld) const {
-    if (band_of(w) != rank) return out(p, w, out_ld);
-    out_ld = i == 0 ? ldc : n;
-    return i == 0 ? c + w.row0 * ldc : agout[(rank + i) % world] + w.row0 * n;
+
+  // ---- send warps: forward each finished tile and release its flag ----
+  __device__ bool sends(const gemm::TileWork& w) const { return band_of(w) != rank || (kAllReduce && world > 1); }
+  __device__ void send(const gemm::TileWork& w, int tid, int num_threads) const {
+    const int band = band_of(w);
+    const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+    if (band != rank) {  // partial -> slot `rank` of the owner's receive buffer
+      copy_tile(staging + w.row0 * n + col0, n, recv[band] + (rank * m_local + row_in_band(w)) * n + col0, n,
+                tile_rows(w), tile_cols(w), tid, num_threads);
+    } else {  // GemmAr: reduced tile -> every peer's output
+      for (int i = 1; i < world; ++i)
+        copy_tile(c + w.row0 * ldc + col0, ldc, agout[(rank + i) % world] + w.row0 * n + col0, n, tile_rows(w),
+                  tile_cols(w), tid, num_threads);
+    }
   }
-  __device__ void notify(const gemm::TileWork& w) const {
+  __device__ void notify_sent(const gemm::TileWork& w) const {
     const epoch_t e = comm::current_epoch(sig);
     const int band = band_of(w), t = tile_in_band(w);
     if (band != rank) {
@@ -106,6 +147,8 @@ struct RsEpilogue {
         comm::notify(sig, (rank + i) % world, world * tiles_per_band() + rank * tiles_per_band() + t, e);
     }
   }
+  __device__ void notify(const gemm::TileWork&) const {}
+
   // GemmAr, consumer threads of each GEMM CTA after its last tile: the peers' reduced tiles
   // (strided over the CTAs), waited for and copied from the symmetric output into C.
   __device__ void tail(int consumer_idx, int64_t cta, int64_t num_ctas) const {
@@ -113,7 +156,6 @@ struct RsEpilogue {
       constexpr int kThreads = 256;
       const epoch_t e = comm::current_epoch(sig);
       const int64_t total = int64_t(world - 1) * tiles_per_band();
-      const bool vec = (n % 8) == 0 && (ldc % 8) == 0;
       for (int64_t idx = cta; idx < total; idx += num_ctas) {
         const int owner = int((rank + 1 + idx / tiles_per_band()) % world);
         const int t = int(idx % tiles_per_band());
@@ -123,21 +165,8 @@ struct RsEpilogue {
         const int64_t row0 = owner * m_local + int64_t(t / n_tiles) * kBlockM;
         const int64_t rows = min_i64(int64_t(kBlockM), (owner + 1) * m_local - row0);
         const int64_t col0 = int64_t(t % n_tiles) * kBlockN;
-        const int64_t cols = min_i64(int64_t(kBlockN), n - col0);
-        const Element* from = agout[rank] + row0 * n + col0;
-        Element* to = c + row0 * ldc + col0;
-        if (vec) {
-          const int64_t per_row = cols / 8;
-          for (int64_t i = consumer_idx; i < rows * per_row; i += kThreads) {
-            const int64_t r = i / per_row, q = i % per_row;
-            reinterpret_cast<int4*>(to + r * ldc)[q] = reinterpret_cast<const int4*>(from + r * n)[q];
-          }
-        } else {
-          for (int64_t i = consumer_idx; i < rows * cols; i += kThreads) {
-            const int64_t r = i / cols, q = i % cols;
-            to[r * ldc + q] = from[r * n + q];
-          }
-        }
+        copy_tile(agout[rank] + row0 * n + col0, n, c + row0 * ldc + col0, ldc, rows,
+                  min_i64(int64_t(kBlockN), n - col0), consumer_idx, kThreads);
       }
     }
   }
@@ -167,8 +196,10 @@ struct RsState {
   int64_t m_local = 0;
   int m_tiles_per_band = 0, n_tiles = 0;
   std::unique_ptr<comm::SymmetricBuffer> recv, agout;
+  void* staging = nullptr;  // local [M, N]
   std::unique_ptr<comm::SignalSet> sig;
 
+  ~RsState();
   RsState(comm::Team& t, const GemmRsDesc& d, const GemmRsConfig& c, bool ar)
       : team(t), desc(d), cfg(c), all_reduce(ar) {
     const char* op = ar ? "gemm_ar" : "gemm_rs";
@@ -195,6 +226,7 @@ struct RsState {
     const int64_t tpb = int64_t(m_tiles_per_band) * n_tiles;
     CCFUSE_ARG_CHECK(tpb * w * (ar ? 2 : 1) < int64_t(1) << 30, op, ": too many tiles (", tpb * w, ")");
     recv = team.alloc_symmetric(size_t(d.m * d.n) * 2);
+    CCFUSE_CUDA_CHECK(cudaMalloc(&staging, size_t(d.m * d.n) * 2));
     if (ar) agout = team.alloc_symmetric(size_t(d.m * d.n) * 2);
     sig = team.make_signals(op, int(tpb * w * (ar ? 2 : 1)));
   }
@@ -241,6 +273,7 @@ struct RsState {
       if (kAr) epi.agout[r] = static_cast<E*>(agout->peer(r));
     }
     epi.c = static_cast<E*>(c);
+    epi.staging = static_cast<E*>(staging);
     epi.m_local = m_local;
     epi.n = d.n;
     epi.ldc = d.n;
@@ -260,6 +293,8 @@ struct RsState {
                                                                                    d.n, sched, epi, sms, stream);
   }
 };
+
+RsState::~RsState() { cudaFree(staging); }
 
 struct GemmRs::State : RsState {
   using RsState::RsState;

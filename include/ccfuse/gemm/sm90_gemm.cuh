@@ -25,6 +25,7 @@
 // and a row range of the concatenated A/C; the kernel is the same.
 #pragma once
 
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -79,6 +80,7 @@ struct Traits {
     alignas(1024) Element b[cosize_v<SmemLayoutB>];
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
+    uint32_t tiles_handed;  // kHasSendWarps: tiles stored by the consumers so far
   };
   static constexpr uint32_t kStageBytes = uint32_t((kBlockM + kBlockN) * kBlockK * sizeof(Element));
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
@@ -167,12 +169,16 @@ struct GroupedSchedule {
 //   out(p, w, ldc) the address of output row w.row0, column 0, and the output's row stride:
 //                 the local C, or a peer's symmetric buffer (PeerBandEpilogue).
 //   kHasNotify    notify(w) after every consumer thread's stores of the tile.
-//   kMaxOuts      > 1: the tile goes to num_outs(w) (<= kMaxOuts) destinations, out_at(p, w, i,
-//                 ld) = address of row w.row0, column 0 of the i-th (and its row stride); the same
-//                 values are stored to each (GEMM+AllReduce: the local C and every peer's copy).
+//   kHasSendWarps sends(w): after the tile's stores, warps 1-3 of the producer warpgroup (idle
+//                 otherwise) run send(w, thread, 96) on it, then one of them notify_sent(w),
+//                 while the consumers go on with the next tile (handed over through a
+//                 shared-memory counter, release/acquire at CTA scope). The fused TP ops copy
+//                 the finished tile to a peer there with 16-byte stores and release its flag:
+//                 the consumers neither store 4-byte fragments over NVLink nor wait for a
+//                 system-scope fence.
 //   kHasAddends   has_addends(w): this tile sums partial tiles from memory before its store;
 //                 wait_addends(w) (one consumer thread, then a barrier of the consumers) waits
-//                 until they are written; there are num_addends(w) (<= kMaxAddends), addend(w,
+//                 until they are written; there are num_addends(w), addend(w,
 //                 i, ld) = address of row w.row0, column 0 of the i-th (same columns as the tile).
 //                 They are added in fp32 (GEMM+ReduceScatter: the peers' partials of this rank's
 //                 rows are added to this rank's own partial, which never leaves the registers).
@@ -188,9 +194,8 @@ struct PlainEpilogue {
   static constexpr bool kHasNotify = false;
   static constexpr Activation kAct = Activation::kNone;
   static constexpr bool kHasRowScale = false;
-  static constexpr int kMaxOuts = 1;
+  static constexpr bool kHasSendWarps = false;
   static constexpr bool kHasAddends = false;
-  static constexpr int kMaxAddends = 0;
   static constexpr bool kHasTail = false;
   template <class Element>
   __device__ Element* out(const Params<Element>& p, const TileWork& w, int64_t& ldc) const {
@@ -220,9 +225,8 @@ struct PeerBandEpilogue {
   static constexpr bool kHasNotify = false;
   static constexpr Activation kAct = Activation::kNone;
   static constexpr bool kHasRowScale = false;
-  static constexpr int kMaxOuts = 1;
+  static constexpr bool kHasSendWarps = false;
   static constexpr bool kHasAddends = false;
-  static constexpr int kMaxAddends = 0;
   static constexpr bool kHasTail = false;
   Element* peers[32];  // buffer of each rank (comm::SymmetricView::ptrs)
   int64_t rows_per_band = 0, ldc = 0;
@@ -274,15 +278,8 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
     for (int h = 0; h < 2; ++h)
       if (row_ok[h]) scale[h] = epi.row_scale(w.row0 + row + 8 * h);
   }
-  constexpr int kOuts = Epilogue::kMaxOuts;
-  int num_outs = 1;
-  if constexpr (kOuts > 1) num_outs = epi.num_outs(w);
-  for (int o = 0; o < num_outs; ++o) {
   int64_t ldc = 0;
-  Element* base;
-  if constexpr (kOuts == 1) base = epi.out(p, w, ldc);
-  else base = epi.out_at(p, w, o, ldc);
-  base += row * ldc + col0;
+  Element* base = epi.out(p, w, ldc) + row * ldc + col0;
   // 32-bit pair stores need every row to start 4-byte aligned (outputs are 16-byte aligned).
   const bool pairs = (ldc & 1) == 0;
   CUTE_UNROLL
@@ -314,7 +311,6 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
       }
     }
   }
-  }  // outs
 }
 
 __device__ __forceinline__ float2 load_pair(const cutlass::bfloat16_t* src) {
@@ -404,6 +400,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto* empty = reinterpret_cast<EmptyBarrier*>(ss.empty);
 
   constexpr int kCluster = Traits::kClusterM;
+  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? 64 : 40;
+  constexpr int kConsumerRegs = Epilogue::kHasSendWarps ? 224 : 232;
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -413,6 +411,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       empty[s].init(kCluster == 1 ? 128 * Traits::kConsumerWGs : 4 * Traits::kConsumerWGs * kCluster);
     }
     cutlass::arch::fence_barrier_init();
+    ss.tiles_handed = 0;
   }
   if constexpr (kCluster > 1) {
     cute::cluster_arrive_relaxed();  // barriers initialised before any remote arrive or multicast
@@ -436,7 +435,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warp_group == 0) {
     // ---------------- producer ----------------
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    // With send warps the producer warpgroup keeps more registers for their copy loops (the
+    // register file still holds 128 * kProducerRegs + 256 * kConsumerRegs = 64 Ki).
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0) {
       Schedule producer_sched = sched;  // the producer's own copy: ready schedules cache state in it
       Tensor mA = tma_a.get_tma_tensor(make_shape(p.m, p.k));
@@ -477,10 +478,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       }
+    } else if constexpr (Epilogue::kHasSendWarps) {
+      if (threadIdx.x >= 32) {
+        // ---------------- send warps ----------------
+        // The same tile sequence as the consumers; wait for each sent tile's hand-over.
+        constexpr int kSendThreads = 96;
+        const int st = threadIdx.x - 32;
+        uint32_t handed = 0;
+        for (int64_t t = unit_start; t < num_units; t += unit_stride) {
+          const TileWork w = work_of(t);
+          if (!epi.sends(w)) continue;
+          ++handed;
+          if (st == 0) {
+            cuda::atomic_ref<uint32_t, cuda::thread_scope_block> count(ss.tiles_handed);
+            while (count.load(cuda::memory_order_acquire) < handed) __nanosleep(64);
+          }
+          asm volatile("bar.sync 2, %0;" ::"n"(kSendThreads));  // the acquire before every send thread's loads
+          epi.send(w, st, kSendThreads);
+          asm volatile("bar.sync 2, %0;" ::"n"(kSendThreads));  // every send thread's stores before the flag
+          if (st == 0) epi.notify_sent(w);
+        }
+      }
     }
   } else {
     // ---------------- consumers ----------------
-    cutlass::arch::warpgroup_reg_alloc<232>();
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     typename Traits::TiledMma mma;
     const int consumer_idx = threadIdx.x - 128;
     auto thr = mma.get_thread_slice(consumer_idx);
@@ -538,6 +560,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       store_tile<Traits>(p, epi, accum, consumer_idx, w);
+      if constexpr (Epilogue::kHasSendWarps) {
+        if (epi.sends(w)) {
+          // Every consumer thread's stores happen-before the hand-over to the send warps.
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
+          if (consumer_idx == 0) {
+            cuda::atomic_ref<uint32_t, cuda::thread_scope_block> count(ss.tiles_handed);
+            count.fetch_add(1u, cuda::memory_order_release);
+          }
+        }
+      }
       if constexpr (Epilogue::kHasNotify) {
         // Every consumer thread's stores happen-before the notify of the tile.
         asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
