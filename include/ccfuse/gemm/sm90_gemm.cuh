@@ -400,8 +400,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto* empty = reinterpret_cast<EmptyBarrier*>(ss.empty);
 
   constexpr int kCluster = Traits::kClusterM;
-  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? 64 : 40;
+  // setmaxnreg moves registers within the CTA's launch allocation (168 x 384 threads): what the
+  // producer warpgroup gives back must cover what the consumers take, or their
+  // setmaxnreg.inc waits forever: 128 * (168 - P) >= 256 * (C - 168).
+  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? 56 : 40;
   constexpr int kConsumerRegs = Epilogue::kHasSendWarps ? 224 : 232;
+  static_assert(Traits::kThreads != 384 || 128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168),
+                "register hand-over must balance");
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -435,8 +440,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warp_group == 0) {
     // ---------------- producer ----------------
-    // With send warps the producer warpgroup keeps more registers for their copy loops (the
-    // register file still holds 128 * kProducerRegs + 256 * kConsumerRegs = 64 Ki).
+    // With send warps the producer warpgroup keeps more registers for their copy loops.
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0) {
       Schedule producer_sched = sched;  // the producer's own copy: ready schedules cache state in it
