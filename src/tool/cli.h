@@ -85,6 +85,9 @@ struct BenchRecord {
   double t_fused_ms = -1, t_serial_ms = -1, t_gemm_ms = -1, t_comm_ms = -1, t_limit_ms = -1, t_peer_ms = -1;
   double rel_err = -1;
   std::string notes;
+  // TP ops on GPUs (added, written only when set): ccfuse's own GEMM engine on the rank's GEMM
+  // (no communication, same harness), to tell the fusion's overhead from the GEMM's gap to cuBLAS.
+  double t_gemm_ccfuse_ms = -1;
   // --op gemm (added fields; each is written to the JSON only when set, so the TP records keep
   // their shape): ccfuse and best-cuBLASLt throughput, ccfuse as a percentage of cuBLASLt, the
   // engine's config (gemm::to_string), B's layout, the SM budget used and the GPU's SM count,

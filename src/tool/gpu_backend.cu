@@ -174,6 +174,17 @@ struct RankState {
     }
     (void)es;
   }
+  // ccfuse's GEMM engine on the same local GEMM (B [K, N]), its default config.
+  void ccfuse_gemm_part(int set) {
+    gemm::GemmDesc g;
+    g.m = o.m;
+    g.n = o.n;
+    g.k = s.gemm_k;
+    g.dtype = o.dtype;
+    g.b_layout = gemm::BLayout::kKN;
+    const gemm::GemmConfig cfg = gemm::choose_config(g, gemm::current_device_sms());
+    gemm::run(g, cfg, is_ag(o) ? gathered[set] : a[set], b[set], is_ag(o) ? out[set] : gathered[set], stream);
+  }
   void gemm_part(int set) {
     if (is_ag(o)) gemm_rowmajor(blas, o.dtype, o.m, o.n, o.k, gathered[set], b[set], out[set]);
     else gemm_rowmajor(blas, o.dtype, o.m, o.n, s.gemm_k, a[set], b[set], gathered[set]);
@@ -266,7 +277,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   constexpr int kSampleRows = 4;
   std::mutex mu;
   std::vector<double> t_comm(static_cast<size_t>(w)), t_gemm(static_cast<size_t>(w)), t_serial(static_cast<size_t>(w));
-  std::vector<double> t_fused(static_cast<size_t>(w), -1.0);
+  std::vector<double> t_fused(static_cast<size_t>(w), -1.0), t_gemm_ours(static_cast<size_t>(w), -1.0);
   std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
   cudaDeviceProp prop{};
   CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -307,6 +318,8 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     t_comm[size_t(r)] = time_it("t_comm", [&](int set) { st.comm_part(set); });
     t_gemm[size_t(r)] = time_it("t_gemm", [&](int set) { st.gemm_part(set); });
     t_serial[size_t(r)] = time_it("t_serial", [&](int set) { st.serial(set); });
+    if (o.dtype != DType::kFloat32)
+      t_gemm_ours[size_t(r)] = time_it("t_gemm_ccfuse", [&](int set) { st.ccfuse_gemm_part(set); });
     if (st.has_fused_op()) t_fused[size_t(r)] = time_it("t_fused", [&](int set) { st.fused(set); });
 
     // rel_err on sampled rows of a fresh, poisoned run (a full fp64 reference of these
@@ -368,6 +381,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   rec.t_serial_ms = *std::max_element(t_serial.begin(), t_serial.end());
   rec.t_limit_ms = std::max(rec.t_comm_ms, rec.t_gemm_ms);
   if (has_fused(o)) rec.t_fused_ms = *std::max_element(t_fused.begin(), t_fused.end());
+  rec.t_gemm_ccfuse_ms = *std::max_element(t_gemm_ours.begin(), t_gemm_ours.end());
   double num = 0, den = 0;
   for (int r = 0; r < w; ++r) {
     num += err_num[size_t(r)];

@@ -220,6 +220,7 @@ std::string format_bench_table(const BenchRecord& r) {
   row("t_comm", ms(r.t_comm_ms), "ms  the communication alone");
   row("t_limit", ms(r.t_limit_ms), "ms  max(t_gemm, t_comm)");
   row("t_peer", ms(r.t_peer_ms), "ms  peer fused op (- = none)");
+  if (r.t_gemm_ccfuse_ms >= 0) row("t_gemm_ccfuse", ms(r.t_gemm_ccfuse_ms), "ms  ccfuse's GEMM engine alone");
   const double s = speedup_of(r);
   row("speedup", s < 0 ? "-" : number(s, "%.3f") + "x", "t_serial / t_fused");
   // Shown even when negative (a fused op slower than serial is worth seeing).
@@ -292,6 +293,7 @@ std::string to_json_line(const BenchRecord& r) {
   const auto opt_string = [&](const char* key, const std::string& v) {
     if (!v.empty()) os << ",\"" << key << "\":" << json_quote(v);
   };
+  opt_number("t_gemm_ccfuse_ms", r.t_gemm_ccfuse_ms);
   opt_number("tflops", r.tflops);
   opt_number("tflops_cublas", r.tflops_cublas);
   opt_number("pct_of_cublas", r.pct_of_cublas);

@@ -2,6 +2,7 @@
 // NVLink by the GEMM's epilogue, reduced in the owner's epilogue (ccfuse/tp/gemm_rs.h).
 #include "ccfuse/tp/gemm_rs.h"
 
+#include <cstdlib>
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
@@ -67,8 +68,9 @@ __device__ void copy_tile(const Element* from, int64_t ld_from, Element* to, int
 // Flags (on the owner of a band): [src * tiles_per_band + t] = partial tile t of the band from
 // rank src; GemmAr adds [W * tiles_per_band + owner * tiles_per_band + t] on every rank = reduced
 // tile t of `owner`'s band stored into this rank's output.
-template <class Element, bool kAllReduce>
+template <class Element, bool kAllReduce, int kProducerRegs_ = 56>
 struct RsEpilogue {
+  static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr bool kHasNotify = false;
   static constexpr gemm::sm90::Activation kAct = gemm::sm90::Activation::kNone;
   static constexpr bool kHasRowScale = false;
@@ -197,6 +199,9 @@ struct RsState {
   int m_tiles_per_band = 0, n_tiles = 0;
   std::unique_ptr<comm::SymmetricBuffer> recv, agout;
   void* staging = nullptr;  // local [M, N]
+  // EXPERIMENT (perf-notes): CCFUSE_RS_PRODUCER_REGS=40 gives the send warps 40 registers and
+  // the consumers 232 (default 56 / 224).
+  bool lean_producer = false;
   std::unique_ptr<comm::SignalSet> sig;
 
   ~RsState();
@@ -221,6 +226,7 @@ struct RsState {
     g.b_layout = d.b_layout;
     gemm::validate(g, gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
+    if (const char* v = std::getenv("CCFUSE_RS_PRODUCER_REGS")) lean_producer = std::string(v) == "40";
     m_tiles_per_band = int(ceil_div(m_local, kBlockM));
     n_tiles = int(ceil_div(d.n, kBlockN));
     const int64_t tpb = int64_t(m_tiles_per_band) * n_tiles;
@@ -257,9 +263,15 @@ struct RsState {
 
   template <class E, bool kAr>
   void launch_mode(const void* a, const void* b, void* c, cudaStream_t stream) {
+    sig->begin_call(stream);  // entry barrier (peers done reading their buffers) + epoch
+    if (lean_producer) launch_epi<E, kAr, RsEpilogue<E, kAr, 40>>(a, b, c, stream);
+    else launch_epi<E, kAr, RsEpilogue<E, kAr, 56>>(a, b, c, stream);
+  }
+
+  template <class E, bool kAr, class Epi>
+  void launch_epi(const void* a, const void* b, void* c, cudaStream_t stream) {
     const GemmRsDesc& d = desc;
     const int w = team.world_size();
-    sig->begin_call(stream);  // entry barrier (peers done reading their buffers) + epoch
     RsSchedule sched;
     sched.m_tiles_per_band = m_tiles_per_band;
     sched.n_tiles = n_tiles;
@@ -267,7 +279,7 @@ struct RsState {
     sched.rank = team.rank();
     sched.world = w;
     sched.m_local = m_local;
-    RsEpilogue<E, kAr> epi;
+    Epi epi;
     for (int r = 0; r < w; ++r) {
       epi.recv[r] = static_cast<E*>(recv->peer(r));
       if (kAr) epi.agout[r] = static_cast<E*>(agout->peer(r));
