@@ -50,17 +50,21 @@ if [[ " $what " == *" tp "* ]]; then
   # DESIGN §5 TP=2 rows. --k is the GLOBAL reduction length: gemm_rs/gemm_ar give each rank
   # K/W, so K = 28672 reproduces DESIGN's per-rank GEMM with K = 14336 (Llama-3-70B MLP).
   for spec in "ag_gemm 8192 14336 8192" "ag_gemm 16384 14336 8192" "ag_gemm 4096 7168 4096" "ag_gemm 8192 3072 4096" \
+              "ag_gemm 1024 14336 8192" \
               "gemm_rs 8192 8192 28672" "gemm_rs 16384 8192 28672" "gemm_rs 4096 4096 14336" "gemm_rs 8192 4096 6144" \
-              "gemm_ar 8192 8192 28672" "gemm_ar 4096 4096 14336"; do
+              "gemm_rs 1024 8192 28672" \
+              "gemm_ar 8192 8192 28672" "gemm_ar 4096 4096 14336" "gemm_ar 1024 8192 28672"; do
     set -- $spec
-    timeout 300 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --dtype bf16 --json "$OUT/tp_baselines.jsonl" \
+    timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --dtype bf16 --json "$OUT/tp_baselines.jsonl" \
       2>&1 | tee -a "$OUT/tp_baselines.log"
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   done
   # The peer baseline in the same run: PyTorch async-TP on the same shapes (ag_gemm, gemm_rs).
   peer_shapes=()
   for spec in "ag_gemm 8192 14336 8192" "ag_gemm 16384 14336 8192" "ag_gemm 4096 7168 4096" "ag_gemm 8192 3072 4096" \
-              "gemm_rs 8192 8192 28672" "gemm_rs 16384 8192 28672" "gemm_rs 4096 4096 14336" "gemm_rs 8192 4096 6144"; do
+              "ag_gemm 1024 14336 8192" \
+              "gemm_rs 8192 8192 28672" "gemm_rs 16384 8192 28672" "gemm_rs 4096 4096 14336" "gemm_rs 8192 4096 6144" \
+              "gemm_rs 1024 8192 28672"; do
     set -- $spec; peer_shapes+=(--shape "$1,$2,$3,$4")
   done
   ngpu=$(nvidia-smi -L | wc -l)

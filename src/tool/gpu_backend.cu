@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <mutex>
 #include <ostream>
@@ -296,31 +297,44 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     cudaEvent_t e0, e1;
     CCFUSE_CUDA_CHECK(cudaEventCreate(&e0));
     CCFUSE_CUDA_CHECK(cudaEventCreate(&e1));
-    auto time_it = [&](const char* what, auto&& part) {
+    // Every variant is timed in the same rounds, one run of each per round, in turn: the H200's
+    // clocks drift with temperature and power over a benchmark (up to 20 % measured), so timing
+    // the variants one after the other would favour whichever runs first.
+    struct Part {
+      const char* what;
+      std::function<void(int)> run;
+      double* median;
       std::vector<double> ms;
-      for (int it = 0; it < o.warmup + o.iters; ++it) {
+    };
+    std::vector<Part> parts;
+    parts.push_back({"t_comm", [&](int set) { st.comm_part(set); }, &t_comm[size_t(r)], {}});
+    parts.push_back({"t_gemm", [&](int set) { st.gemm_part(set); }, &t_gemm[size_t(r)], {}});
+    parts.push_back({"t_serial", [&](int set) { st.serial(set); }, &t_serial[size_t(r)], {}});
+    if (o.dtype != DType::kFloat32)
+      parts.push_back({"t_gemm_ccfuse", [&](int set) { st.ccfuse_gemm_part(set); }, &t_gemm_ours[size_t(r)], {}});
+    if (st.has_fused_op()) parts.push_back({"t_fused", [&](int set) { st.fused(set); }, &t_fused[size_t(r)], {}});
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      for (Part& part : parts) {
         team.barrier(st.stream);  // ranks start each run together
         CCFUSE_CUDA_CHECK(cudaEventRecord(e0, st.stream));
-        part(it % num_sets);
+        part.run(it % num_sets);
         CCFUSE_CUDA_CHECK(cudaEventRecord(e1, st.stream));
         team.synchronize(st.stream);
         float t = 0;
         CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-        if (it >= o.warmup) ms.push_back(t);
+        if (it >= o.warmup) part.ms.push_back(t);
       }
-      std::sort(ms.begin(), ms.end());
-      if (r == 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        log << "gpu: " << what << " done\n";
-      }
-      return ms[ms.size() / 2];
-    };
-    t_comm[size_t(r)] = time_it("t_comm", [&](int set) { st.comm_part(set); });
-    t_gemm[size_t(r)] = time_it("t_gemm", [&](int set) { st.gemm_part(set); });
-    t_serial[size_t(r)] = time_it("t_serial", [&](int set) { st.serial(set); });
-    if (o.dtype != DType::kFloat32)
-      t_gemm_ours[size_t(r)] = time_it("t_gemm_ccfuse", [&](int set) { st.ccfuse_gemm_part(set); });
-    if (st.has_fused_op()) t_fused[size_t(r)] = time_it("t_fused", [&](int set) { st.fused(set); });
+    }
+    for (Part& part : parts) {
+      std::sort(part.ms.begin(), part.ms.end());
+      *part.median = part.ms[part.ms.size() / 2];
+    }
+    if (r == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      log << "gpu: timed";
+      for (const Part& part : parts) log << " " << part.what;
+      log << ", interleaved\n";
+    }
 
     // rel_err on sampled rows of a fresh, poisoned run (a full fp64 reference of these
     // shapes would take minutes on the host).

@@ -4,6 +4,8 @@
 // Everything is TU-local (anonymous namespace): include it from one .cu file each.
 #pragma once
 
+#include <functional>
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -175,17 +177,21 @@ class StreamHold {
   cudaStream_t stream_ = nullptr;
 };
 
-// Median of the runs after the warm-up ones: CUDA events around each run, queued back to back
-// behind a stream hold (in batches, well inside the launch queue), read once at the end.
-// NOTE: one run goes first, unheld and synchronised: with lazy module loading (the CUDA 12.2+
-// default) the first launch of a kernel may wait for the whole GPU, i.e. for the hold.
-template <class F>
-double median_ms(cudaStream_t stream, int warmup, int iters, std::ostream& log, F&& run_once) {
-  constexpr int kBatch = 32;
+// Medians of the runs after the warm-up ones, for several variants timed in the same rounds
+// (round i runs variant 0, 1, ... once each, in turn): the H200's clocks drift with temperature
+// and power during a benchmark, and timing one variant after the other favoured whichever ran
+// first by up to 15 %. CUDA events around each run, queued back to back behind a stream hold
+// (in batches, well inside the launch queue), read once at the end.
+// NOTE: each variant runs once first, unheld and synchronised: with lazy module loading (the
+// CUDA 12.2+ default) the first launch of a kernel may wait for the whole GPU, i.e. for the hold.
+inline std::vector<double> medians_interleaved(cudaStream_t stream, int warmup, int iters, std::ostream& log,
+                                               const std::vector<std::function<void(int)>>& variants) {
+  constexpr int kBatch = 32;  // runs per hold
   const int total = warmup + iters;
-  run_once(0);
+  const size_t nv = variants.size();
+  for (const auto& v : variants) v(0);
   CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<cudaEvent_t> events(size_t(2 * total), nullptr);
+  std::vector<cudaEvent_t> events(2 * size_t(total) * nv, nullptr);
   struct Cleanup {
     std::vector<cudaEvent_t>& ev;
     ~Cleanup() {
@@ -194,29 +200,43 @@ double median_ms(cudaStream_t stream, int warmup, int iters, std::ostream& log, 
     }
   } cleanup{events};
   for (auto& e : events) CCFUSE_CUDA_CHECK(cudaEventCreate(&e));
+  const int rounds_per_batch = std::max(1, kBatch / int(nv));
   StreamHold hold;
-  for (int first = 0; first < total; first += kBatch) {
+  for (int first = 0; first < total; first += rounds_per_batch) {
     const auto t0 = Clock::now();
     hold.hold(stream);
-    for (int it = first; it < std::min(total, first + kBatch); ++it) {
-      CCFUSE_CUDA_CHECK(cudaEventRecord(events[size_t(2 * it)], stream));
-      run_once(it);
-      CCFUSE_CUDA_CHECK(cudaEventRecord(events[size_t(2 * it + 1)], stream));
+    for (int it = first; it < std::min(total, first + rounds_per_batch); ++it) {
+      for (size_t v = 0; v < nv; ++v) {
+        const size_t e = 2 * (size_t(it) * nv + v);
+        CCFUSE_CUDA_CHECK(cudaEventRecord(events[e], stream));
+        variants[v](it);
+        CCFUSE_CUDA_CHECK(cudaEventRecord(events[e + 1], stream));
+      }
     }
     hold.release();
     if (seconds_since(t0) > 1.0)
-      log << "gpu: warning: queueing " << std::min(kBatch, total - first) << " runs took " << seconds_since(t0)
+      log << "gpu: warning: queueing runs took " << seconds_since(t0)
           << " s: a launch waited for the GPU (the stream hold), so these times may include launch gaps\n";
   }
   CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> ms;
-  for (int it = warmup; it < total; ++it) {
-    float t = 0;
-    CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, events[size_t(2 * it)], events[size_t(2 * it + 1)]));
-    ms.push_back(t);
+  std::vector<double> medians;
+  for (size_t v = 0; v < nv; ++v) {
+    std::vector<double> ms;
+    for (int it = warmup; it < total; ++it) {
+      float t = 0;
+      const size_t e = 2 * (size_t(it) * nv + v);
+      CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, events[e], events[e + 1]));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    medians.push_back(ms[ms.size() / 2]);
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return medians;
+}
+
+template <class F>
+double median_ms(cudaStream_t stream, int warmup, int iters, std::ostream& log, F&& run_once) {
+  return medians_interleaved(stream, warmup, iters, log, {std::function<void(int)>(run_once)})[0];
 }
 
 }  // namespace

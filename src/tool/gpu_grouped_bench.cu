@@ -507,16 +507,20 @@ BenchRecord gpu_grouped_bench(const Options& o, std::ostream& log) {
     gemm::grouped_run(desc, cfg, a[s]->get(), b[s]->get(), c[s]->get(), static_cast<const int*>(rows_dev.get()),
                       workspace.get(), nullptr, stream.s);
   };
+  double t_ccfuse = -1;
   if (cublas_run) {
     median_ms(stream.s, 1, 3, log, cublas_run);  // warm the clocks (not recorded)
+    // Interleaved (gpu_bench_util.cuh): clock drift must not favour whichever runs first.
+    const auto t = medians_interleaved(stream.s, o.warmup, o.iters, log, {ccfuse_run, cublas_run});
+    t_ccfuse = t[0];
+    t_cublas = t[1];
+  } else {
+    t_ccfuse = median_ms(stream.s, o.warmup, o.iters, log, ccfuse_run);
   }
-  const double t_ccfuse = median_ms(stream.s, o.warmup, o.iters, log, ccfuse_run);
   log << "gpu: ccfuse grouped_gemm " << t_ccfuse << " ms (" << tflops_of(o, t_ccfuse) << " TFLOP/s)\n";
-  if (cublas_run) {
-    t_cublas = median_ms(stream.s, o.warmup, o.iters, log, cublas_run);
+  if (cublas_run)
     log << "gpu: cuBLAS grouped " << t_cublas << " ms (" << tflops_of(o, t_cublas) << " TFLOP/s), " << blas.groups()
-        << " groups\n";
-  }
+        << " groups (timed interleaved with ccfuse)\n";
 
   const double rel_err = checked_rel_err("ccfuse", o.inject_fault, [&] { ccfuse_run(0); });
   if (cublas_run) {

@@ -1,36 +1,34 @@
 // Fused AllGather + GEMM, v1: side CTAs push this rank's A band over NVLink, GEMM CTAs wait per tile.
 #include "ccfuse/tp/ag_gemm.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
+#include "src/tp/tile_copy.cuh"
 
 namespace ccfuse::tp {
 
 namespace {
 
 constexpr int kBlockM = 128;
+constexpr int kMaxAgRanks = 8;
 
-// The schedule of one rank's fused ag_gemm kernel (see sm90_gemm.cuh for the hooks).
+// The schedule of one rank's fused ag_gemm kernel (see sm90_gemm.cuh for the hooks): bands in
+// rank-rotated order, own band first; grouped row-major inside a band. The producer of a tile
+// waits for its 128-row chunk: all `pieces` flags of it, published by the band's rank.
 struct AgSchedule {
-  // GEMM tiles: bands in rank-rotated order, own band first; grouped row-major inside a band.
-  int m_tiles_per_band = 0, n_tiles = 0, group_m = 8, rank = 0, world = 1;
+  int m_tiles_per_band = 0, n_tiles = 0, group_m = 8, rank = 0, world = 1, pieces = 1;
   int64_t m = 0;
   comm::DeviceSignals sig{};
-  // Producer-thread state: the call's epoch and the chunks already seen published.
+  // Producer-thread state: the call's epoch and the chunks already seen complete.
   epoch_t epoch = 0;
   uint64_t seen[4] = {};
-  // Side CTAs: push this rank's band.
-  int num_side_ctas = 0;
-  const int4* src = nullptr;                   // own band [m_local, K], or nullptr: already in place
-  char* gather[comm::kMaxLsaRanks] = {};       // every rank's gather buffer [M, K]
-  int64_t band_offset_bytes = 0;               // rank * m_local * K * 2
-  int64_t chunk_bytes = 0;                     // 128 rows * K * 2
 
   static constexpr bool kHasReady = true;
-  static constexpr bool kHasSide = true;
+  static constexpr bool kHasSide = false;
 
   CCFUSE_HD int64_t num_tiles() const { return int64_t(world) * m_tiles_per_band * n_tiles; }
   int64_t max_tiles() const { return num_tiles(); }
@@ -41,47 +39,55 @@ struct AgSchedule {
     const int mt = band * m_tiles_per_band + c.m_tile;
     return gemm::TileWork{mt, c.n_tile, 0, int64_t(mt) * kBlockM, m};
   }
-  // Tile w needs chunk w.m_tile, published by the band's rank.
   __device__ bool wait_ready(const gemm::TileWork& w) {
-    const int idx = w.m_tile;
-    const bool cacheable = idx < 256;
-    if (cacheable && (seen[idx / 64] >> (idx % 64) & 1)) return true;
+    const int chunk = w.m_tile;
+    const bool cacheable = chunk < 256;
+    if (cacheable && (seen[chunk / 64] >> (chunk % 64) & 1)) return true;
     if (epoch == 0) epoch = comm::current_epoch(sig);
-    const bool ok = comm::wait(sig, idx, epoch, idx / m_tiles_per_band);
+    bool ok = true;
+    for (int pc = 0; pc < pieces && ok; ++pc) ok = comm::wait(sig, chunk * pieces + pc, epoch, chunk / m_tiles_per_band);
+    // The rows were written through the generic proxy (by a peer, or this GPU's send warps); TMA
+    // reads them through the async proxy.
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    if (ok && cacheable) seen[idx / 64] |= uint64_t(1) << (idx % 64);
+    if (ok && cacheable) seen[chunk / 64] |= uint64_t(1) << (chunk % 64);
     return ok;
   }
-  // Side CTA `cta`: chunks cta, cta + num_side_ctas, ... of this rank's band, to the peers first
-  // (rank + 1, rank + 2, ...) and to this rank last; a flag per (chunk, destination).
-  __device__ void run_side(int cta) {
+};
+
+// The epilogue stores to the local C as usual; its send warps push this rank's A band, before
+// any tile, into every rank's gather buffer (this rank's first: its own tiles come first), one
+// piece of a 128-row chunk at a time, each released with its own flag. Pieces are spread over
+// all GEMM CTAs so that the whole chip's NVLink bandwidth serves the push.
+struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
+  static constexpr bool kHasSendWarps = true;
+  comm::DeviceSignals sig{};
+  const char* src = nullptr;                 // own band [m_local, K], or nullptr: already in place
+  char* gather[kMaxAgRanks] = {};            // every rank's gather buffer [M, K]
+  int64_t band_offset_bytes = 0;             // rank * m_local * K * 2
+  int64_t row_bytes = 0;                     // K * 2
+  int rank = 0, world = 1, m_tiles_per_band = 0, pieces = 1, rows_per_piece = kBlockM;
+
+  __device__ bool sends(const gemm::TileWork&) const { return false; }
+  __device__ void send(const gemm::TileWork&, int, int) const {}
+  __device__ void notify_sent(const gemm::TileWork&) const {}
+  __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
-    const int64_t vec = chunk_bytes / 16;
-    for (int c = cta; c < m_tiles_per_band; c += num_side_ctas) {
-      for (int i = 1; i <= world; ++i) {
+    const int64_t total = int64_t(m_tiles_per_band) * pieces;
+    for (int64_t piece = cta; piece < total; piece += num_ctas) {
+      const int chunk = int(piece / pieces), pc = int(piece % pieces);
+      const int64_t offset = band_offset_bytes + (int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece) * row_bytes;
+      const int64_t bytes = int64_t(rows_per_piece) * row_bytes;
+      for (int i = 0; i < world; ++i) {
         const int p = (rank + i) % world;
-        if (src != nullptr || p != rank) {
-          const int4* from = src != nullptr ? src + c * vec
-                                            : reinterpret_cast<const int4*>(gather[rank] + band_offset_bytes) + c * vec;
-          int4* to = reinterpret_cast<int4*>(gather[p] + band_offset_bytes) + c * vec;
-          // 4 independent 16-byte loads per thread in flight before the stores (NVLink latency).
-          int64_t j = threadIdx.x;
-          for (; j + 3 * blockDim.x < vec; j += 4 * blockDim.x) {
-            int4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = from[j + u * blockDim.x];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) to[j + u * blockDim.x] = v[u];
-          }
-          for (; j < vec; j += blockDim.x) to[j] = from[j];
-        }
-        __syncthreads();  // every thread's stores of the chunk happen-before the release below
-        if (threadIdx.x == 0) comm::notify(sig, p, rank * m_tiles_per_band + c, e);
+        if (src != nullptr || p != rank)
+          copy_contiguous(src != nullptr ? src + (offset - band_offset_bytes) : gather[rank] + offset, gather[p] + offset,
+                          bytes, tid, num_threads);
+        asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
+        if (tid == 0) comm::notify(sig, p, (rank * m_tiles_per_band + chunk) * pieces + pc, e);
       }
     }
   }
 };
-
 
 }  // namespace
 
@@ -95,22 +101,35 @@ struct AgGemm::State {
   State(comm::Team& t, const AgGemmDesc& d, const AgGemmConfig& c) : team(t), desc(d), cfg(c) {}
 };
 
+// Pieces per 128-row chunk: the fewest (a power of two, at most 32) that give every GEMM CTA's
+// send warps a piece of the push.
+int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
+  if (c.pieces_per_chunk > 0) return c.pieces_per_chunk;
+  int p = 1;
+  while (p < 32 && chunks_local * p < gemm_ctas) p *= 2;
+  return p;
+}
+
 std::string to_string(const AgGemmConfig& c, int num_sms) {
   std::ostringstream os;
-  os << "comm_ctas=" << c.num_comm_ctas << " gemm_ctas=" << num_sms - c.num_comm_ctas << " block=128x256x64 chunk_rows="
-     << kBlockM << " group_m=" << c.group_m;
+  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 chunk_rows=" << kBlockM
+     << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
+     << " group_m=" << c.group_m << " push=send-warps";
   return os.str();
 }
 
 AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new State(team, d, cfg)) {
   const int w = team.world_size();
+  CCFUSE_ARG_CHECK(w <= kMaxAgRanks, "ag_gemm: world size ", w, " exceeds ", kMaxAgRanks);
   CCFUSE_ARG_CHECK(d.m > 0 && d.n > 0 && d.k > 0, "m, n, k must be positive (got ", d.m, ", ", d.n, ", ", d.k, ")");
   CCFUSE_ARG_CHECK(d.m % w == 0, "m ", d.m, " is not divisible by the world size ", w);
   s_->m_local = d.m / w;
   CCFUSE_ARG_CHECK(s_->m_local % kBlockM == 0, "m / world_size = ", s_->m_local,
-                   " must be a multiple of 128 (ag_gemm v1 sends whole 128-row tiles)");
-  CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16, "ag_gemm v1 is built for bf16, not ", dtype_name(d.dtype));
-  CCFUSE_ARG_CHECK(cfg.num_comm_ctas >= 1, "num_comm_ctas ", cfg.num_comm_ctas, " must be at least 1");
+                   " must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
+  CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "ag_gemm: dtype must be bf16 or fp16, not ",
+                   dtype_name(d.dtype));
+  CCFUSE_ARG_CHECK(cfg.pieces_per_chunk == 0 || (cfg.pieces_per_chunk <= 32 && (cfg.pieces_per_chunk & (cfg.pieces_per_chunk - 1)) == 0),
+                   "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
   gemm::GemmDesc g;
   g.m = d.m;
   g.n = d.n;
@@ -119,7 +138,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   g.b_layout = d.b_layout;
   gemm::validate(g, gemm::GemmConfig{128, 256, 64, 4, 0});
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
-  s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM));
+  s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
 }
 
 AgGemm::~AgGemm() = default;
@@ -128,6 +147,20 @@ void* AgGemm::local_a() const {
   return static_cast<char*>(s_->gather->local()) + size_t(s_->team.rank() * s_->m_local * s_->desc.k) * 2;
 }
 const void* AgGemm::gathered_a() const { return s_->gather->local(); }
+
+namespace {
+template <class E>
+void launch_ag(const AgGemmDesc& d, const void* gathered, const AgSchedule& sched, const AgPushEpilogue& epi,
+               const void* b, void* c, int sms, cudaStream_t stream) {
+  const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
+  if (d.b_layout == gemm::BLayout::kNK)
+    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, true>>(d.m, d.n, d.k, gathered, d.k, b,
+                                                                            ldb, c, d.n, sched, epi, sms, stream);
+  else
+    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, false>>(d.m, d.n, d.k, gathered, d.k, b,
+                                                                             ldb, c, d.n, sched, epi, sms, stream);
+}
+}  // namespace
 
 void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t stream) {
   const AgGemmDesc& d = s_->desc;
@@ -138,6 +171,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   for (auto [ptr, name] : {std::pair<const void*, const char*>{a_local, "a_local"}, {b, "b"}, {c, "c"}})
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned");
   s_->sig->begin_call(stream);  // entry barrier + epoch
+  const int sms = s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms();
   AgSchedule sched;
   sched.m_tiles_per_band = int(s_->m_local / kBlockM);
   sched.n_tiles = int(ceil_div(d.n, 256));
@@ -146,20 +180,21 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   sched.world = team.world_size();
   sched.m = d.m;
   sched.sig = s_->sig->device();
-  sched.num_side_ctas = s_->cfg.num_comm_ctas;
-  sched.src = static_cast<const int4*>(a_local);
-  for (int r = 0; r < sched.world; ++r) sched.gather[r] = static_cast<char*>(s_->gather->peer(r));
-  sched.band_offset_bytes = int64_t(team.rank()) * s_->m_local * d.k * 2;
-  sched.chunk_bytes = int64_t(kBlockM) * d.k * 2;
-  const int sms = s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms();
-  const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
-  using E = cutlass::bfloat16_t;
-  if (d.b_layout == gemm::BLayout::kNK)
-    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, true>>(
-        d.m, d.n, d.k, s_->gather->local(), d.k, b, ldb, c, d.n, sched, gemm::sm90::PlainEpilogue{}, sms, stream);
-  else
-    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, false>>(
-        d.m, d.n, d.k, s_->gather->local(), d.k, b, ldb, c, d.n, sched, gemm::sm90::PlainEpilogue{}, sms, stream);
+  const int gemm_ctas = int(std::min<int64_t>(sched.num_tiles(), sms));
+  sched.pieces = pieces_for(s_->cfg, sched.m_tiles_per_band, gemm_ctas);
+  AgPushEpilogue epi;
+  epi.sig = sched.sig;
+  epi.src = static_cast<const char*>(a_local);
+  for (int r = 0; r < sched.world; ++r) epi.gather[r] = static_cast<char*>(s_->gather->peer(r));
+  epi.band_offset_bytes = int64_t(team.rank()) * s_->m_local * d.k * 2;
+  epi.row_bytes = d.k * 2;
+  epi.rank = sched.rank;
+  epi.world = sched.world;
+  epi.m_tiles_per_band = sched.m_tiles_per_band;
+  epi.pieces = sched.pieces;
+  epi.rows_per_piece = kBlockM / sched.pieces;
+  if (d.dtype == DType::kBFloat16) launch_ag<cutlass::bfloat16_t>(d, s_->gather->local(), sched, epi, b, c, sms, stream);
+  else launch_ag<cutlass::half_t>(d, s_->gather->local(), sched, epi, b, c, sms, stream);
 }
 
 }  // namespace ccfuse::tp

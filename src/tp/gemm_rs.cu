@@ -8,6 +8,7 @@
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
+#include "src/tp/tile_copy.cuh"
 
 namespace ccfuse::tp {
 
@@ -34,36 +35,6 @@ struct RsSchedule {
   }
   __device__ bool wait_ready(const gemm::TileWork&) { return true; }
 };
-
-// Copies a rows x cols tile (row strides ld_from, ld_to in elements) with `num_threads` threads:
-// with 16-byte aligned rows, thread t owns one 16-byte column of rows t / per_row, + step, ... and
-// keeps four loads in flight before their stores (the destination is usually a peer over
-// NVLink); few registers, as the send warps run with 64.
-template <class Element>
-__device__ void copy_tile(const Element* from, int64_t ld_from, Element* to, int64_t ld_to, int64_t rows, int64_t cols,
-                          int tid, int num_threads) {
-  const int64_t per_row = cols / 8;
-  const bool vec = cols % 8 == 0 && ld_from % 8 == 0 && ld_to % 8 == 0 && per_row <= num_threads &&
-                   (reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to)) % 16 == 0;
-  if (!vec) {
-    for (int64_t i = tid; i < rows * cols; i += num_threads) to[(i / cols) * ld_to + i % cols] = from[(i / cols) * ld_from + i % cols];
-    return;
-  }
-  const int rows_step = num_threads / int(per_row);
-  if (tid >= rows_step * per_row) return;
-  int64_t r = tid / per_row;
-  const int4* src = reinterpret_cast<const int4*>(from + r * ld_from) + tid % per_row;
-  int4* dst = reinterpret_cast<int4*>(to + r * ld_to) + tid % per_row;
-  const int64_t src_step = rows_step * ld_from / 8, dst_step = rows_step * ld_to / 8;
-  for (; r + 3 * rows_step < rows; r += 4 * rows_step, src += 4 * src_step, dst += 4 * dst_step) {
-    int4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = src[u * src_step];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) dst[u * dst_step] = v[u];
-  }
-  for (; r < rows; r += rows_step, src += src_step, dst += dst_step) *dst = *src;
-}
 
 // Flags (on the owner of a band): [src * tiles_per_band + t] = partial tile t of the band from
 // rank src; GemmAr adds [W * tiles_per_band + owner * tiles_per_band + t] on every rank = reduced
@@ -150,6 +121,7 @@ struct RsEpilogue {
     }
   }
   __device__ void notify(const gemm::TileWork&) const {}
+  __device__ void send_prologue(int64_t, int64_t, int, int) const {}
 
   // GemmAr, consumer threads of each GEMM CTA after its last tile: the peers' reduced tiles
   // (strided over the CTAs), waited for and copied from the symmetric output into C.

@@ -129,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                   gemm::b_layout_name(i.param.layout));
                          });
 
-TEST(FusedAgGemmValidation, RejectsWhatV1CannotDo) {
+TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
   CCFUSE_REQUIRE_GPUS(2);
   comm::run_local_world(all_devices(), [&](comm::Team& team) {
     const int w = team.world_size();
@@ -149,7 +149,7 @@ TEST(FusedAgGemmValidation, RejectsWhatV1CannotDo) {
       ADD_FAILURE() << "no error";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()),
-                "m / world_size = 64 must be a multiple of 128 (ag_gemm v1 sends whole 128-row tiles)");
+                "m / world_size = 64 must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
     }
   });
 }

@@ -176,6 +176,8 @@ struct GroupedSchedule {
 //                 the finished tile to a peer there with 16-byte stores and release its flag:
 //                 the consumers neither store 4-byte fragments over NVLink nor wait for a
 //                 system-scope fence.
+//                 Before the first tile the send warps run send_prologue(cta, num_ctas, thread,
+//                 96) (AllGather+GEMM pushes this rank's A rows to its peers there).
 //   kHasAddends   has_addends(w): this tile sums partial tiles from memory before its store;
 //                 wait_addends(w) (one consumer thread, then a barrier of the consumers) waits
 //                 until they are written; there are num_addends(w), addend(w,
@@ -499,6 +501,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // The same tile sequence as the consumers; wait for each sent tile's hand-over.
         constexpr int kSendThreads = 96;
         const int st = threadIdx.x - 32;
+        // Work that does not wait for any tile first (AllGather+GEMM: pushing this rank's A).
+        epi.send_prologue(unit_start, unit_stride, st, kSendThreads);
         uint32_t handed = 0;
         for (int64_t t = unit_start; t < num_units; t += unit_stride) {
           const TileWork w = work_of(t);

@@ -3,11 +3,12 @@
 //   rank r: A_r [M/W, K] (bf16), B_r ([K, N] or [N, K]) -> C_r [M, N] = AllGather_rows(A) @ B_r,
 //   and the gathered A [M, K] stays readable (gathered_a()) for the weight gradient.
 //
-// v1 design (docs/tp-fusion.md): one persistent kernel per call. Its first num_comm_ctas CTAs push
-// this rank's A band, one 128-row chunk at a time, into every rank's symmetric gather buffer over
-// NVLink and publish a flag per chunk; the other CTAs run the GEMM in rank-rotated band order
-// (own band first), each tile's producer waiting for its chunk's flag. Entry barrier and epochs
-// come from the Team's SignalSet: no host sync, back-to-back calls and CUDA graphs are safe.
+// v2 design (docs/tp-fusion.md): one persistent GEMM kernel on every SM. Before its first tile,
+// each CTA's send warps (three idle warps of the producer warpgroup) push pieces of this rank's
+// A band into every rank's symmetric gather buffer over NVLink (this rank's own copy first) and
+// release a flag per piece; the GEMM takes bands in rank-rotated order (own band first), each
+// tile's producer waiting for the pieces of its 128-row chunk. Entry barrier and epochs come
+// from the Team's SignalSet: no host sync, back-to-back calls and CUDA graphs are safe.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,18 +28,19 @@ struct AgGemmDesc {
 };
 
 struct AgGemmConfig {
-  int num_comm_ctas = 8;  // NVLink stores reach ~349 GB/s with 8 CTAs (bench/results comm-microbench)
-  int num_sms = 0;        // CTAs in all (comm + GEMM); 0 = every SM
+  int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
+  int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;
 };
 
-// "comm_ctas=8 gemm_ctas=124 block=128x256x64 chunk_rows=128"
+// "gemm_ctas=132 block=128x256x64 chunk_rows=128 pieces_per_chunk=auto group_m=8 push=send-warps"
 std::string to_string(const AgGemmConfig& config, int num_sms);
 
 class AgGemm {
  public:
-  // Collective over the Team. Throws InvalidArgument naming the rule: world size divides M,
-  // M / W a multiple of 128 (v1: chunks are whole row tiles), bf16, TMA alignment of K and N.
+  // Collective over the Team. Throws InvalidArgument naming the rule: world size divides M (and
+  // is at most 8), M / W a multiple of 128 (chunks are whole row tiles), bf16 or fp16, TMA
+  // alignment of K and N.
   AgGemm(comm::Team& team, const AgGemmDesc& desc, AgGemmConfig config = {});
   ~AgGemm();
 
