@@ -5,7 +5,7 @@ and an optional JSON summary.
 
 Usage:
   python3 tools/tp_report.py RESULTS.jsonl [MORE.jsonl ...] [--md FILE] [--plot FILE.png|.svg]
-                             [--log] [--json-summary FILE]
+                             [--log] [--normalize] [--json-summary FILE]
 
 One table row per record: op, W, M, N, K, ccfuse fused, serial NCCL+cuBLAS, PyTorch async-TP
 (t_peer), t_limit (all ms), fused/limit, speedup = t_serial/t_fused, overlap efficiency =
@@ -133,8 +133,9 @@ def table(rows, records=()):
     return "\n".join(out) + "\n"
 
 
-def plot(rows, path, log=False):
-    """Grouped bars (fused, serial, async-TP) with a t_limit segment per group. Returns False
+def plot(rows, path, log=False, normalize=False):
+    """Grouped bars (fused, serial, async-TP) with a t_limit segment per group; with `normalize`,
+    every time is divided by the row's t_limit (the limit is the line at 1). Returns False
     (with a notice on stderr) when matplotlib is not installed, True once the file is written."""
     try:
         import matplotlib
@@ -147,19 +148,28 @@ def plot(rows, path, log=False):
               ("t_peer_ms", "PyTorch async-TP")]
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(rows) + 2), 4.5))
+    def value(r, key):
+        if r[key] is None:
+            return None
+        if normalize:
+            return r[key] / r["t_limit_ms"] if r["t_limit_ms"] else None
+        return r[key]
+
     for j, (key, label) in enumerate(series):
-        xs = [i - 0.4 + width * (j + 0.5) for i, r in enumerate(rows) if r[key] is not None]
-        ys = [r[key] for r in rows if r[key] is not None]
+        xs = [i - 0.4 + width * (j + 0.5) for i, r in enumerate(rows) if value(r, key) is not None]
+        ys = [value(r, key) for r in rows if value(r, key) is not None]
         if ys:
             ax.bar(xs, ys, width, label=label)
-    lim = [(i, r["t_limit_ms"]) for i, r in enumerate(rows) if r["t_limit_ms"] is not None]
+    lim = [(i, 1.0 if normalize else r["t_limit_ms"]) for i, r in enumerate(rows) if r["t_limit_ms"] is not None]
     if lim:
         ax.hlines([y for _, y in lim], [i - 0.45 for i, _ in lim], [i + 0.45 for i, _ in lim],
                   colors="black", linestyles="--", label="t_limit")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"{r['op']} {r['M']}×{r['N']}×{r['K']}" for r in rows],
                        rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("ms")
+    ax.set_ylabel("time / t_limit" if normalize else "ms")
+    if normalize:
+        ax.set_ylim(bottom=0.8)
     if log:
         ax.set_yscale("log")
     ax.legend(fontsize=8)
@@ -175,6 +185,7 @@ def main(argv=None):
     p.add_argument("--md", help="write the Markdown table here instead of stdout")
     p.add_argument("--plot", help="write a grouped bar chart (.png or .svg)")
     p.add_argument("--log", action="store_true", help="log-scale y axis on the chart")
+    p.add_argument("--normalize", action="store_true", help="chart times divided by t_limit")
     p.add_argument("--json-summary", help="write the computed rows as JSON")
     a = p.parse_args(argv)
     records = load(a.jsonl)
@@ -190,7 +201,7 @@ def main(argv=None):
             json.dump(rows, f, indent=1)
             f.write("\n")
     if a.plot:
-        plot(rows, a.plot, a.log)
+        plot(rows, a.plot, a.log, a.normalize)
     return 0
 
 

@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cuda/atomic>
+
+#include <atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -634,8 +636,18 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                              typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kClusterM>{});
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
-  if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaFuncSetAttribute: ", cudaGetErrorString(err)));
+  // The shared-memory attribute once per kernel and device (it is per device; every call paid
+  // for it before, on the host, which counts in a fused op's time when the GPU waits for it).
+  static std::atomic<uint64_t> attribute_set{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaGetDevice: ", cudaGetErrorString(err)));
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (attribute_set.load(std::memory_order_acquire) & bit) == 0) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
+    if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaFuncSetAttribute: ", cudaGetErrorString(err)));
+    attribute_set.fetch_or(bit, std::memory_order_acq_rel);
+  }
   if constexpr (Traits::kClusterM == 1) {
     // grid_sms counts every CTA, side CTAs included.
     int side = 0;
