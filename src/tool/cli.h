@@ -88,8 +88,6 @@ struct BenchRecord {
   // TP ops on GPUs (added, written only when set): ccfuse's own GEMM engine on the rank's GEMM
   // (no communication, same harness), to tell the fusion's overhead from the GEMM's gap to cuBLAS.
   double t_gemm_ccfuse_ms = -1;
-  // ... and the serial and fused ops replayed as CUDA graphs (no host launch cost in the interval).
-  double t_serial_graph_ms = -1, t_fused_graph_ms = -1;
   // --op gemm (added fields; each is written to the JSON only when set, so the TP records keep
   // their shape): ccfuse and best-cuBLASLt throughput, ccfuse as a percentage of cuBLASLt, the
   // engine's config (gemm::to_string), B's layout, the SM budget used and the GPU's SM count,

@@ -10,7 +10,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <cmath>
 #include <mutex>
@@ -280,8 +279,6 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   std::mutex mu;
   std::vector<double> t_comm(static_cast<size_t>(w)), t_gemm(static_cast<size_t>(w)), t_serial(static_cast<size_t>(w));
   std::vector<double> t_fused(static_cast<size_t>(w), -1.0), t_gemm_ours(static_cast<size_t>(w), -1.0);
-  std::vector<double> t_fused_graph(static_cast<size_t>(w), -1.0), t_serial_graph(static_cast<size_t>(w), -1.0);
-  std::atomic<int> capture_failures[2] = {0, 0};
   std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
   cudaDeviceProp prop{};
   CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -316,53 +313,6 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     if (o.dtype != DType::kFloat32)
       parts.push_back({"t_gemm_ccfuse", [&](int set) { st.ccfuse_gemm_part(set); }, &t_gemm_ours[size_t(r)], {}});
     if (st.has_fused_op()) parts.push_back({"t_fused", [&](int set) { st.fused(set); }, &t_fused[size_t(r)], {}});
-    // The serial and fused ops again as CUDA graphs (one per input set), as a training or
-    // serving loop under graphs runs them: no host launch cost inside the timed interval.
-    std::vector<cudaGraphExec_t> serial_graphs, fused_graphs;
-    auto team_all = [&](int which, bool ok) {
-      if (!ok) capture_failures[which].fetch_add(1);
-      team.barrier(st.stream);  // every rank has counted
-      team.synchronize(st.stream);
-      return capture_failures[which].load() == 0;
-    };
-    // A capture that fails (a library that cannot be captured) leaves that variant untimed (-1)
-    // and the stream usable; it is logged, not fatal.
-    auto capture = [&](std::vector<cudaGraphExec_t>& graphs, auto&& op) {
-      for (int set = 0; set < num_sets; ++set) {
-        cudaGraph_t g = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        CCFUSE_CUDA_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
-        std::string failure;
-        try {
-          op(set);
-        } catch (const std::exception& e) {
-          failure = e.what();
-        }
-        const cudaError_t end = cudaStreamEndCapture(st.stream, &g);
-        if (failure.empty() && end != cudaSuccess) failure = cudaGetErrorString(end);
-        if (failure.empty() && cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) failure = "cudaGraphInstantiate failed";
-        if (g != nullptr) cudaGraphDestroy(g);
-        cudaGetLastError();
-        if (!failure.empty()) {
-          std::lock_guard<std::mutex> lock(mu);
-          log << "gpu: rank " << r << ": graph capture failed (" << failure << "); that variant is not timed\n";
-          for (cudaGraphExec_t e : graphs) cudaGraphExecDestroy(e);
-          graphs.clear();
-          return false;
-        }
-        graphs.push_back(exec);
-      }
-      return true;
-    };
-    // Every rank must take the same decision (the graphs hold collectives): AND over the ranks.
-    const bool serial_ok = team_all(0, capture(serial_graphs, [&](int set) { st.serial(set); }));
-    if (serial_ok)
-      parts.push_back({"t_serial_graph", [&](int set) { CCFUSE_CUDA_CHECK(cudaGraphLaunch(serial_graphs[size_t(set)], st.stream)); },
-                       &t_serial_graph[size_t(r)], {}});
-    if (st.has_fused_op() && team_all(1, capture(fused_graphs, [&](int set) { st.fused(set); }))) {
-      parts.push_back({"t_fused_graph", [&](int set) { CCFUSE_CUDA_CHECK(cudaGraphLaunch(fused_graphs[size_t(set)], st.stream)); },
-                       &t_fused_graph[size_t(r)], {}});
-    }
     for (int it = 0; it < o.warmup + o.iters; ++it) {
       for (Part& part : parts) {
         team.barrier(st.stream);  // ranks start each run together
@@ -379,8 +329,6 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
       std::sort(part.ms.begin(), part.ms.end());
       *part.median = part.ms[part.ms.size() / 2];
     }
-    for (auto* graphs : {&serial_graphs, &fused_graphs})
-      for (cudaGraphExec_t g : *graphs) cudaGraphExecDestroy(g);
     if (r == 0) {
       std::lock_guard<std::mutex> lock(mu);
       log << "gpu: timed";
@@ -448,8 +396,6 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   rec.t_limit_ms = std::max(rec.t_comm_ms, rec.t_gemm_ms);
   if (has_fused(o)) rec.t_fused_ms = *std::max_element(t_fused.begin(), t_fused.end());
   rec.t_gemm_ccfuse_ms = *std::max_element(t_gemm_ours.begin(), t_gemm_ours.end());
-  rec.t_serial_graph_ms = *std::max_element(t_serial_graph.begin(), t_serial_graph.end());
-  if (has_fused(o)) rec.t_fused_graph_ms = *std::max_element(t_fused_graph.begin(), t_fused_graph.end());
   double num = 0, den = 0;
   for (int r = 0; r < w; ++r) {
     num += err_num[size_t(r)];

@@ -221,8 +221,6 @@ std::string format_bench_table(const BenchRecord& r) {
   row("t_limit", ms(r.t_limit_ms), "ms  max(t_gemm, t_comm)");
   row("t_peer", ms(r.t_peer_ms), "ms  peer fused op (- = none)");
   if (r.t_gemm_ccfuse_ms >= 0) row("t_gemm_ccfuse", ms(r.t_gemm_ccfuse_ms), "ms  ccfuse's GEMM engine alone");
-  if (r.t_serial_graph_ms >= 0) row("t_serial_graph", ms(r.t_serial_graph_ms), "ms  serial, replayed as a CUDA graph");
-  if (r.t_fused_graph_ms >= 0) row("t_fused_graph", ms(r.t_fused_graph_ms), "ms  fused, replayed as a CUDA graph");
   const double s = speedup_of(r);
   row("speedup", s < 0 ? "-" : number(s, "%.3f") + "x", "t_serial / t_fused");
   // Shown even when negative (a fused op slower than serial is worth seeing).
@@ -296,8 +294,6 @@ std::string to_json_line(const BenchRecord& r) {
     if (!v.empty()) os << ",\"" << key << "\":" << json_quote(v);
   };
   opt_number("t_gemm_ccfuse_ms", r.t_gemm_ccfuse_ms);
-  opt_number("t_serial_graph_ms", r.t_serial_graph_ms);
-  opt_number("t_fused_graph_ms", r.t_fused_graph_ms);
   opt_number("tflops", r.tflops);
   opt_number("tflops_cublas", r.tflops_cublas);
   opt_number("pct_of_cublas", r.pct_of_cublas);
