@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
+#include "ccfuse/common/schedule.h"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "src/tp/tile_copy.cuh"
@@ -34,7 +35,7 @@ struct AgSchedule {
   int64_t max_tiles() const { return num_tiles(); }
   CCFUSE_HD gemm::TileWork work(int64_t idx) const {
     const int64_t per_band = int64_t(m_tiles_per_band) * n_tiles;
-    const int band = int((rank + idx / per_band) % world);
+    const int band = ag_band_at(rank, world, int(idx / per_band));  // ccfuse/common/schedule.h
     const gemm::TileCoord c = gemm::grouped_row_major(idx % per_band, m_tiles_per_band, n_tiles, group_m);
     const int mt = band * m_tiles_per_band + c.m_tile;
     return gemm::TileWork{mt, c.n_tile, 0, int64_t(mt) * kBlockM, m};

@@ -2,10 +2,10 @@
 // NVLink by the GEMM's epilogue, reduced in the owner's epilogue (ccfuse/tp/gemm_rs.h).
 #include "ccfuse/tp/gemm_rs.h"
 
-#include <cstdlib>
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
+#include "ccfuse/common/schedule.h"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "src/tp/tile_copy.cuh"
@@ -28,7 +28,7 @@ struct RsSchedule {
   int64_t max_tiles() const { return num_tiles(); }
   CCFUSE_HD gemm::TileWork work(int64_t idx) const {
     const int64_t per_band = int64_t(m_tiles_per_band) * n_tiles;
-    const int band = int((rank + 1 + idx / per_band) % world);
+    const int band = rs_band_at(rank, world, int(idx / per_band));  // ccfuse/common/schedule.h
     const gemm::TileCoord c = gemm::grouped_row_major(idx % per_band, m_tiles_per_band, n_tiles, group_m);
     const int64_t row0 = band * m_local + int64_t(c.m_tile) * kBlockM;
     return gemm::TileWork{band * m_tiles_per_band + c.m_tile, c.n_tile, 0, row0, (band + 1) * m_local};
@@ -39,9 +39,8 @@ struct RsSchedule {
 // Flags (on the owner of a band): [src * tiles_per_band + t] = partial tile t of the band from
 // rank src; GemmAr adds [W * tiles_per_band + owner * tiles_per_band + t] on every rank = reduced
 // tile t of `owner`'s band stored into this rank's output.
-template <class Element, bool kAllReduce, int kProducerRegs_ = 56>
+template <class Element, bool kAllReduce>
 struct RsEpilogue {
-  static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr bool kHasNotify = false;
   static constexpr gemm::sm90::Activation kAct = gemm::sm90::Activation::kNone;
   static constexpr bool kHasRowScale = false;
@@ -171,9 +170,6 @@ struct RsState {
   int m_tiles_per_band = 0, n_tiles = 0;
   std::unique_ptr<comm::SymmetricBuffer> recv, agout;
   void* staging = nullptr;  // local [M, N]
-  // EXPERIMENT (perf-notes): CCFUSE_RS_PRODUCER_REGS=40 gives the send warps 40 registers and
-  // the consumers 232 (default 56 / 224).
-  bool lean_producer = false;
   std::unique_ptr<comm::SignalSet> sig;
 
   ~RsState();
@@ -198,7 +194,6 @@ struct RsState {
     g.b_layout = d.b_layout;
     gemm::validate(g, gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
-    if (const char* v = std::getenv("CCFUSE_RS_PRODUCER_REGS")) lean_producer = std::string(v) == "40";
     m_tiles_per_band = int(ceil_div(m_local, kBlockM));
     n_tiles = int(ceil_div(d.n, kBlockN));
     const int64_t tpb = int64_t(m_tiles_per_band) * n_tiles;
@@ -236,8 +231,7 @@ struct RsState {
   template <class E, bool kAr>
   void launch_mode(const void* a, const void* b, void* c, cudaStream_t stream) {
     sig->begin_call(stream);  // entry barrier (peers done reading their buffers) + epoch
-    if (lean_producer) launch_epi<E, kAr, RsEpilogue<E, kAr, 40>>(a, b, c, stream);
-    else launch_epi<E, kAr, RsEpilogue<E, kAr, 56>>(a, b, c, stream);
+    launch_epi<E, kAr, RsEpilogue<E, kAr>>(a, b, c, stream);
   }
 
   template <class E, bool kAr, class Epi>

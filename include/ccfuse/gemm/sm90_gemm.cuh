@@ -377,17 +377,6 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
   }
 }
 
-// Registers per thread of the producer warpgroup: Epilogue::kProducerRegs where given, else 56
-// with send warps (their copy loops) and 40 without.
-template <class Epilogue, class = void>
-struct ProducerRegs {
-  static constexpr int value = Epilogue::kHasSendWarps ? 56 : 40;
-};
-template <class Epilogue>
-struct ProducerRegs<Epilogue, std::void_t<decltype(Epilogue::kProducerRegs)>> {
-  static constexpr int value = Epilogue::kProducerRegs;
-};
-
 template <class Traits, class Schedule, class Epilogue>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
@@ -418,8 +407,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // setmaxnreg moves registers within the CTA's launch allocation (168 x 384 threads): what the
   // producer warpgroup gives back must cover what the consumers take, or their
   // setmaxnreg.inc waits forever: 128 * (168 - P) >= 256 * (C - 168).
-  constexpr int kProducerRegs = ProducerRegs<Epilogue>::value;
-  constexpr int kConsumerRegs = kProducerRegs <= 40 ? 232 : 224;
+  // (56 / 224 against 40 / 232 measured the same for gemm_rs: perf-notes, send warps.)
+  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? 56 : 40;
+  constexpr int kConsumerRegs = Epilogue::kHasSendWarps ? 224 : 232;
   static_assert(Traits::kThreads != 384 || 128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168),
                 "register hand-over must balance");
   const int warp_group = threadIdx.x / 128;
