@@ -225,6 +225,16 @@ TEST(FusedGemmReduceValidation, NamesTheArgumentAndTheRule) {
     d.dtype = DType::kFloat32;
     expect_invalid([&] { GemmRs op(team, d); }, "gemm_rs: dtype must be bf16 or fp16, not fp32");
     d.dtype = DType::kBFloat16;
+    d.k = 100;  // per-rank K: rows of A not 16-byte aligned
+    expect_invalid([&] { GemmRs op(team, d); },
+                   "k 100 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of A)");
+    d.k = 256;
+    d.n = 260;  // B [K, N] rows not 16-byte aligned: that layout cannot take this N
+    d.b_layout = gemm::BLayout::kKN;
+    expect_invalid([&] { GemmAr op(team, d); },
+                   "n 260 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of B [K, N])");
+    d.n = 256;
+    d.b_layout = gemm::BLayout::kNK;
     GemmRs op(team, d);
     void* buf = nullptr;
     CCFUSE_CUDA_CHECK(cudaMalloc(&buf, size_t(d.m * d.k + d.n * d.k) * 2));
