@@ -199,15 +199,7 @@ void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b,
 }
 
 namespace {
-GemmDesc as_plain(const GroupedGemmDesc& d) {
-  GemmDesc p;
-  p.m = d.max_rows;
-  p.n = d.n;
-  p.k = d.k;
-  p.dtype = d.dtype;
-  p.b_layout = d.b_layout;
-  return p;
-}
+GemmDesc as_plain(const GroupedGemmDesc& d) { return make_desc(d.max_rows, d.n, d.k, d.dtype, d.b_layout); }
 }  // namespace
 
 void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {

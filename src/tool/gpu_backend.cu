@@ -177,12 +177,7 @@ struct RankState {
   }
   // ccfuse's GEMM engine on the same local GEMM (B [K, N]), its default config.
   void ccfuse_gemm_part(int set) {
-    gemm::GemmDesc g;
-    g.m = o.m;
-    g.n = o.n;
-    g.k = s.gemm_k;
-    g.dtype = o.dtype;
-    g.b_layout = gemm::BLayout::kKN;
+    const gemm::GemmDesc g = gemm::make_desc(o.m, o.n, s.gemm_k, o.dtype, gemm::BLayout::kKN);
     const gemm::GemmConfig cfg = gemm::choose_config(g, gemm::current_device_sms());
     gemm::run(g, cfg, is_ag(o) ? gathered[set] : a[set], b[set], is_ag(o) ? out[set] : gathered[set], stream);
   }

@@ -187,13 +187,7 @@ DeviceInfo device_info(const Options& o) {
 }
 
 gemm::GemmDesc desc_of(const Options& o) {
-  gemm::GemmDesc d;
-  d.m = o.m;
-  d.n = o.n;
-  d.k = o.k;
-  d.dtype = o.dtype;
-  d.b_layout = o.b_layout;
-  return d;  // packed leading dimensions
+  return gemm::make_desc(o.m, o.n, o.k, o.dtype, o.b_layout);  // packed leading dimensions
 }
 
 // The engine's config for the options, validated (bad shapes are bad input: exit code 2).

@@ -5,9 +5,9 @@
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
-#include "ccfuse/common/schedule.h"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
+#include "src/tp/banded_tiles.cuh"
 #include "src/tp/tile_copy.cuh"
 
 namespace ccfuse::tp {
@@ -18,11 +18,10 @@ constexpr int kBlockM = 128;
 constexpr int kMaxAgRanks = 8;
 
 // The schedule of one rank's fused ag_gemm kernel (see sm90_gemm.cuh for the hooks): bands in
-// rank-rotated order, own band first; grouped row-major inside a band. The producer of a tile
-// waits for its 128-row chunk: all `pieces` flags of it, published by the band's rank.
-struct AgSchedule {
-  int m_tiles_per_band = 0, n_tiles = 0, group_m = 8, rank = 0, world = 1, pieces = 1;
-  int64_t m = 0;
+// rank-rotated order, own band first (banded_tiles.cuh). The producer of a tile waits for its
+// 128-row chunk: all `pieces` flags of it, published by the band's rank.
+struct AgSchedule : BandedTiles {
+  int pieces = 1;
   comm::DeviceSignals sig{};
   // Producer-thread state: the call's epoch and the chunks already seen complete.
   epoch_t epoch = 0;
@@ -31,15 +30,6 @@ struct AgSchedule {
   static constexpr bool kHasReady = true;
   static constexpr bool kHasSide = false;
 
-  CCFUSE_HD int64_t num_tiles() const { return int64_t(world) * m_tiles_per_band * n_tiles; }
-  int64_t max_tiles() const { return num_tiles(); }
-  CCFUSE_HD gemm::TileWork work(int64_t idx) const {
-    const int64_t per_band = int64_t(m_tiles_per_band) * n_tiles;
-    const int band = ag_band_at(rank, world, int(idx / per_band));  // ccfuse/common/schedule.h
-    const gemm::TileCoord c = gemm::grouped_row_major(idx % per_band, m_tiles_per_band, n_tiles, group_m);
-    const int mt = band * m_tiles_per_band + c.m_tile;
-    return gemm::TileWork{mt, c.n_tile, 0, int64_t(mt) * kBlockM, m};
-  }
   __device__ bool wait_ready(const gemm::TileWork& w) {
     const int chunk = w.m_tile;
     const bool cacheable = chunk < 256;
@@ -131,13 +121,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
                    dtype_name(d.dtype));
   CCFUSE_ARG_CHECK(cfg.pieces_per_chunk == 0 || (cfg.pieces_per_chunk <= 32 && (cfg.pieces_per_chunk & (cfg.pieces_per_chunk - 1)) == 0),
                    "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
-  gemm::GemmDesc g;
-  g.m = d.m;
-  g.n = d.n;
-  g.k = d.k;
-  g.dtype = d.dtype;
-  g.b_layout = d.b_layout;
-  gemm::validate(g, gemm::GemmConfig{128, 256, 64, 4, 0});
+  gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{128, 256, 64, 4, 0});
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
   s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
 }
@@ -179,7 +163,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   sched.group_m = s_->cfg.group_m;
   sched.rank = team.rank();
   sched.world = team.world_size();
-  sched.m = d.m;
+  sched.m_local = s_->m_local;
   sched.sig = s_->sig->device();
   const int gemm_ctas = int(std::min<int64_t>(sched.num_tiles(), sms));
   sched.pieces = pieces_for(s_->cfg, sched.m_tiles_per_band, gemm_ctas);

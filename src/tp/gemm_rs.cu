@@ -5,9 +5,9 @@
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
-#include "ccfuse/common/schedule.h"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
+#include "src/tp/banded_tiles.cuh"
 #include "src/tp/tile_copy.cuh"
 
 namespace ccfuse::tp {
@@ -16,23 +16,10 @@ namespace {
 
 constexpr int kBlockM = 128, kBlockN = 256;
 
-// Tiles in bands, staggered: rank r takes band (r + 1) % W first and its own band last; inside a
-// band, grouped row-major. A band has ceil(m_local / BLOCK_M) row tiles; its last tile's rows past
-// the band are computed from the next band's A rows (or TMA zeros) and never stored.
-struct RsSchedule {
-  int m_tiles_per_band = 0, n_tiles = 0, group_m = 8, rank = 0, world = 1;
-  int64_t m_local = 0;
+// The GEMM's tiles: peers' bands first, staggered, own band last (banded_tiles.cuh).
+struct RsSchedule : BandedTiles {
   static constexpr bool kHasReady = false;
   static constexpr bool kHasSide = false;
-  CCFUSE_HD int64_t num_tiles() const { return int64_t(world) * m_tiles_per_band * n_tiles; }
-  int64_t max_tiles() const { return num_tiles(); }
-  CCFUSE_HD gemm::TileWork work(int64_t idx) const {
-    const int64_t per_band = int64_t(m_tiles_per_band) * n_tiles;
-    const int band = rs_band_at(rank, world, int(idx / per_band));  // ccfuse/common/schedule.h
-    const gemm::TileCoord c = gemm::grouped_row_major(idx % per_band, m_tiles_per_band, n_tiles, group_m);
-    const int64_t row0 = band * m_local + int64_t(c.m_tile) * kBlockM;
-    return gemm::TileWork{band * m_tiles_per_band + c.m_tile, c.n_tile, 0, row0, (band + 1) * m_local};
-  }
   __device__ bool wait_ready(const gemm::TileWork&) { return true; }
 };
 
@@ -186,13 +173,7 @@ struct RsState {
     CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, op, ": dtype must be bf16 or fp16, not ",
                      dtype_name(d.dtype));
     CCFUSE_ARG_CHECK(cfg.group_m >= 1, op, ": group_m ", cfg.group_m, " must be at least 1");
-    gemm::GemmDesc g;
-    g.m = d.m;
-    g.n = d.n;
-    g.k = d.k;
-    g.dtype = d.dtype;
-    g.b_layout = d.b_layout;
-    gemm::validate(g, gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
+    gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
     m_tiles_per_band = int(ceil_div(m_local, kBlockM));
     n_tiles = int(ceil_div(d.n, kBlockN));
@@ -245,6 +226,7 @@ struct RsState {
     sched.rank = team.rank();
     sched.world = w;
     sched.m_local = m_local;
+    sched.peers_first = true;
     Epi epi;
     for (int r = 0; r < w; ++r) {
       epi.recv[r] = static_cast<E*>(recv->peer(r));

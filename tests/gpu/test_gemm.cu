@@ -107,12 +107,7 @@ class GemmCorrectness : public ::testing::TestWithParam<Case> {};
 TEST_P(GemmCorrectness, MatchesFp64Reference) {
   CCFUSE_REQUIRE_GPUS(1);
   const Case c = GetParam();
-  GemmDesc d;
-  d.m = c.m;
-  d.n = c.n;
-  d.k = c.k;
-  d.dtype = c.dtype;
-  d.b_layout = c.layout;
+  const GemmDesc d = make_desc(c.m, c.n, c.k, c.dtype, c.layout);
   GemmConfig cfg = choose_config(d, c.num_sms);
   if (c.block_n == 128) cfg = GemmConfig{128, 128, 64, 6, cfg.num_sms};
   if (c.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, cfg.num_sms};

@@ -35,6 +35,17 @@ struct GemmDesc {
   bool layout_is_nk() const { return b_layout == BLayout::kNK; }
 };
 
+// A packed problem (leading dimensions 0 = packed).
+inline GemmDesc make_desc(int64_t m, int64_t n, int64_t k, DType dtype, BLayout b_layout) {
+  GemmDesc d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.dtype = dtype;
+  d.b_layout = b_layout;
+  return d;
+}
+
 struct GemmConfig {
   int block_m = 128;
   int block_n = 256;
