@@ -2,8 +2,9 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router]
-#   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200)
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe]
+#   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
+#   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NOTE: NVLink multicast stays off everywhere (it can take the shared GPUs down).
@@ -184,6 +185,19 @@ PY
 )
   echo "$router_line" | tee -a "$OUT/router_bench.log"
   summary+=("$router_line")
+fi
+if [[ " $what " == *" moe "* ]]; then
+  # The serial MoE-layer baseline at EP = number of GPUs (issue 5, DESIGN §5): a Megatron-style
+  # PyTorch + NCCL layer (tools/torch_moe_layer_bench.py) on Mixtral-8x7B, Qwen3-30B-A3B and
+  # DeepSeek-V3-like shapes, 4096/8192/16384 tokens per GPU, uniform and zipf routing, all-to-all
+  # and all-gather dispatch: whole layer, expert GEMMs and communication alone, fp64 check.
+  : > "$OUT/moe_serial.jsonl"
+  ngpu=$(nvidia-smi -L | wc -l)
+  timeout 500 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_layer_bench.py \
+    --json "$OUT/moe_serial.jsonl" --model mixtral qwen3 deepseek --tokens 4096 8192 16384 \
+    --routing uniform zipf --dispatch alltoall allgather --iters 20 --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("moe serial: rc=$rc, $(wc -l < "$OUT/moe_serial.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_serial.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_serial.jsonl") FAIL (moe_serial.log)")
 fi
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done
