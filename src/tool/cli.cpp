@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "ccfuse/common/error.h"
+#include "ccfuse/tp/tuner.h"
 
 #ifndef CCFUSE_VERSION
 #define CCFUSE_VERSION "unknown"
@@ -489,7 +490,8 @@ options:
   --topk K_TOP       grouped_gemm: rows per token, 1..64 (required)
   --routing R        grouped_gemm: uniform (default: equal split) | zipf (expert e's share ~ 1/(e+1)^1.2)
                      | one_hot (all rows to expert 0) | empty_some (odd experts only; E >= 2)
-  --print-config     print the resolved options (key=value lines; gemm: also its engine config)
+  --print-config     print the resolved options (key=value lines; gemm: also its engine config;
+                     ag_gemm, gemm_rs, gemm_ar: also the TP tuner's choice tp_config= and tp_why=)
   --iters N          bench: timed runs, median reported (default 20)
   --warmup N         bench: untimed runs first (default 3)
   --json FILE        bench: append the record to FILE (JSON Lines)
@@ -536,6 +538,28 @@ std::string format_config(const Options& o) {
   return os.str();
 }
 
+namespace {
+// --print-config of the fused TP ops: the tuner's choice (include/ccfuse/tp/tuner.h) for the
+// resolved options, two lines; "tp_config=none (<rule>)" where the tuner refuses the problem.
+// The SM count is the H200's (132): the tool does not ask the GPU for it.
+std::string format_tp_config(const Options& o) {
+  tp::TpProblem p;
+  p.op = o.op;
+  p.world_size = o.world_size;
+  p.m = o.m;
+  p.n = o.n;
+  p.k_per_rank = local_k(o);
+  p.dtype = o.dtype;
+  p.num_sms = 132;
+  try {
+    const tp::TpChoice c = tp::choose_tp_config(p);
+    return str_cat("tp_config=", tp::to_string(c), "\ntp_why=", c.why, "\n");
+  } catch (const InvalidArgument& e) {
+    return str_cat("tp_config=none (", e.what(), ")\n");
+  }
+}
+}  // namespace
+
 int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                   const GpuHooks& gpu) {
   // Everything is caught here: the tool reports and returns a code, it never aborts.
@@ -569,6 +593,7 @@ int run_tool_with(int argc, const char* const* argv, std::ostream& out, std::ost
       out << format_config(o);
       // The engine's choice needs the GPU (its SM count): the GPU side formats it.
       if (is_single_gpu(o) && on_gpu && gpu.gemm_config) out << "gemm_config=" << gpu.gemm_config(o) << "\n";
+      if (o.op == "ag_gemm" || is_k_split(o.op)) out << format_tp_config(o);
       out << std::flush;
     }
 

@@ -19,6 +19,7 @@
 #include "ccfuse/comm/team.h"
 #include "ccfuse/tp/ag_gemm.h"
 #include "ccfuse/tp/gemm_rs.h"
+#include "ccfuse/tp/tuner.h"
 #include "ccfuse/common/cublas_check.h"
 #include "ccfuse/common/cuda_check.h"
 #include "reference/naive.h"
@@ -47,9 +48,33 @@ bool has_fused(const Options& o) {
   if (is_ag(o)) return o.dtype == DType::kBFloat16 && (o.m / o.world_size) % 128 == 0;
   return o.dtype == DType::kBFloat16;
 }
+// The tuner's choice for the fused op (include/ccfuse/tp/tuner.h): the configs below follow it.
+tp::TpChoice tuned(const Options& o, int sms) {
+  tp::TpProblem p;
+  p.op = o.op;
+  p.world_size = o.world_size;
+  p.m = o.m;
+  p.n = o.n;
+  p.k_per_rank = is_ag(o) ? o.k : o.k / o.world_size;
+  p.dtype = o.dtype;
+  p.num_sms = sms;
+  return tp::choose_tp_config(p);
+}
+tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
+  tp::AgGemmConfig cfg;
+  cfg.pieces_per_chunk = c.pieces_per_chunk;
+  cfg.group_m = c.group_m;
+  return cfg;
+}
+tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
+  tp::GemmRsConfig cfg;
+  cfg.group_m = c.group_m;
+  return cfg;
+}
 std::string fused_config(const Options& o, int sms) {
-  if (is_ag(o)) return "ag_gemm v2 (" + tp::to_string(tp::AgGemmConfig{}, sms) + ")";
-  return o.op + " v1 (" + tp::to_string(tp::GemmRsConfig{}, sms, o.op == "gemm_ar") + ")";
+  const tp::TpChoice c = tuned(o, sms);
+  if (is_ag(o)) return "ag_gemm v2 (" + tp::to_string(ag_config(c), sms) + "; tuner: " + c.source + ")";
+  return o.op + " v1 (" + tp::to_string(rs_config(c), sms, o.op == "gemm_ar") + "; tuner: " + c.source + ")";
 }
 size_t elem_size(DType t) { return size_t(dtype_size(t)); }
 cudaDataType_t cuda_type(DType t) { return t == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF; }
@@ -137,8 +162,9 @@ struct RankState {
       d.k = s.gemm_k;  // per rank
       d.dtype = o.dtype;
       d.b_layout = gemm::BLayout::kKN;  // the tool's B is [K, N], as for cuBLAS
-      if (o.op == "gemm_rs") fused_rs = std::make_unique<tp::GemmRs>(team, d);
-      else fused_ar = std::make_unique<tp::GemmAr>(team, d);
+      const tp::GemmRsConfig cfg = rs_config(tuned(o, gemm::current_device_sms()));
+      if (o.op == "gemm_rs") fused_rs = std::make_unique<tp::GemmRs>(team, d, cfg);
+      else fused_ar = std::make_unique<tp::GemmAr>(team, d, cfg);
     }
     if (has_fused(o) && is_ag(o)) {
       tp::AgGemmDesc d;
@@ -146,7 +172,7 @@ struct RankState {
       d.n = o.n;
       d.k = o.k;
       d.b_layout = gemm::BLayout::kKN;  // the tool's B is [K, N], as for cuBLAS
-      fused_ag = std::make_unique<tp::AgGemm>(team, d);
+      fused_ag = std::make_unique<tp::AgGemm>(team, d, ag_config(tuned(o, gemm::current_device_sms())));
     }
   }
   ~RankState() {

@@ -1,0 +1,120 @@
+// ccfuse/tp/tuner.h: picks the configuration of a fused tensor-parallel op (ag_gemm, gemm_rs,
+// gemm_ar) per problem: the transport (SM send warps, SM communication CTAs, copy engine), the
+// number of communication CTAs n_c, the tile shape, the chunk size, pieces per chunk and group_m.
+//
+// Host only (no CUDA): the tool's --print-config, benches and tests use it on any machine.
+// docs/tp-tuner.md has the cost model and the table format.
+//
+//   1. An exact match of (op, world size, m, n, per-rank K, GPU SMs) in the tuned table (a data
+//      file, bench/tuned/tp_tuned.tsv) wins: its measured configuration and time.
+//   2. Otherwise the cost model predicts every candidate transport and the fastest BUILT one is
+//      chosen; the why-string names the alternatives and what a not-built transport would have
+//      predicted when it would have been faster.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ccfuse/common/dtype.h"
+
+namespace ccfuse::tp {
+
+// One fused TP problem, as a rank sees it.
+struct TpProblem {
+  std::string op;        // "ag_gemm" | "gemm_rs" | "gemm_ar"
+  int world_size = 0;    // ranks W (divides m)
+  int64_t m = 0, n = 0;  // m: global rows (ag_gemm: gathered A; gemm_rs/gemm_ar: rows of A_r)
+  int64_t k_per_rank = 0;  // ag_gemm: K; gemm_rs/gemm_ar: this rank's slice of the reduction (global K / W)
+  DType dtype = DType::kBFloat16;  // bf16 or fp16
+  int num_sms = 132;     // SMs of one GPU
+  double link_gbps = 0;  // one-way link bandwidth the copy engine reaches (GB/s); 0 = the model's default (393)
+};
+
+// The tuner's answer.
+struct TpChoice {
+  std::string transport;  // "sm-send-warps" | "sm-comm-ctas" | "copy-engine"
+  int num_comm_ctas = 0;  // n_c: SMs taken from the GEMM for communication
+  int block_m = 128, block_n = 256, block_k = 64;
+  int chunk_rows = 128;       // rows per flagged chunk (ag_gemm: of A; gemm_rs/gemm_ar: a tile row band)
+  int pieces_per_chunk = 1;   // flags (and pushes) per chunk (ag_gemm); 1 for gemm_rs/gemm_ar (a flag per tile)
+  int group_m = 8;
+  double predicted_gemm_ms = 0, predicted_comm_ms = 0, predicted_fused_ms = 0;
+  std::string source;  // "model" or "table:<file>:<line>"
+  std::string why;     // the alternatives considered, their predicted times, and why this one
+};
+
+// One measured row of the tuned table.
+struct TunedEntry {
+  std::string op;
+  int world_size = 0;
+  int64_t m = 0, n = 0, k_per_rank = 0;
+  int gpu_sms = 0;
+  std::string transport;
+  int num_comm_ctas = 0;
+  int pieces_per_chunk = 0;
+  int group_m = 8;
+  double measured_fused_ms = 0;
+  std::string source_file;  // the results file the time comes from
+  int line = 0;             // line in the table file
+};
+
+// The tuned table: measured configurations, keyed by (op, W, m, n, k_per_rank, gpu_sms).
+struct TunedTable {
+  std::string path;  // where it was loaded from ("" for an empty default)
+  std::vector<TunedEntry> entries;
+  // The exact match for a problem, or nullptr.
+  const TunedEntry* find(const TpProblem& problem) const;
+};
+
+// Parses a tuned table: tab-separated, '#' starts a comment line, blank lines skipped, 12 columns
+//   op world_size m n k_per_rank gpu_sms transport num_comm_ctas pieces_per_chunk group_m
+//   measured_fused_ms source_file
+// Throws InvalidArgument "<path>:<line>: ..." naming the column and the rule (column count,
+// non-numeric or out-of-range values, unknown op or transport, duplicate keys), or
+// "tuned table <path> cannot be opened" when the file cannot be read.
+TunedTable load_tuned_table(const std::string& path);
+
+// The table shipped with the sources (bench/tuned/tp_tuned.tsv), loaded once. Looked for at
+// $CCFUSE_TUNED_TABLE, then the source tree this library was built from, then
+// ./bench/tuned/tp_tuned.tsv. Missing everywhere: an empty table (never throws for that); a
+// malformed file throws as load_tuned_table.
+const TunedTable& default_table();
+
+// Throws InvalidArgument naming the argument and the rule: unknown op, world size < 1 or not
+// dividing m, non-positive m/n/k_per_rank/num_sms, negative link_gbps, dtype not bf16/fp16.
+TpChoice choose_tp_config(const TpProblem& problem, const TunedTable& table = default_table());
+
+// "transport=sm-send-warps n_c=0 block=128x256x64 chunk_rows=128 pieces_per_chunk=32 group_m=8
+//  predicted_ms=3.028 source=model" (one line; the why is choice.why).
+std::string to_string(const TpChoice& choice);
+
+// ---- the cost model, exposed for tests and docs ------------------------------------------------
+
+// Fraction of the engine's peak reached at this K (per-rank K of the GEMM), from the measured
+// interleaved GEMM sweep: piecewise linear in log2(K); 1.0 from K = 7168.
+double gemm_efficiency(int64_t k);
+// Clock derating of long GEMMs (FLOPs of the whole GEMM): 1.0 up to 1e12, 0.875 from 1.9e12.
+double gemm_sustained_factor(double flops);
+// Default one-way bandwidth (GB/s) of a transport with n_c communication CTAs (n_c ignored but
+// for sm-comm-ctas), scaled by link_gbps / 393 when link_gbps > 0.
+double transport_gbps(const std::string& transport, int num_comm_ctas, double link_gbps);
+// Whether the kernels implement the transport today.
+bool transport_built(const std::string& transport);
+
+// Constants of the model (measured on 2x H200 over NVLink unless marked).
+struct TpModelConstants {
+  static constexpr double kPeakTflops = 760.0;          // ccfuse GEMM engine, bf16, K >= 7168, 132 SMs
+  static constexpr double kSustainedFromFlops = 1e12;   // GEMMs up to this many FLOPs run at full clocks
+  static constexpr double kThrottledFromFlops = 1.9e12; // from here at kThrottledFactor (~665 TFLOP/s)
+  static constexpr double kThrottledFactor = 0.875;
+  static constexpr double kCopyEngineGbps = 393.0;      // cudaMemcpyAsync peer, one way
+  static constexpr double kSendWarpsGbps = 370.0;       // 16-byte NVLink stores from 132 CTAs
+  static constexpr double kCommCtas8Gbps = 349.0;       // 8 communication CTAs
+  static constexpr double kCommCtas16Gbps = 360.0;      // 16 CTAs: interpolated, not measured
+  static constexpr double kFlagRoundTripUs = 2.46;      // release a flag, peer sees it
+  static constexpr double kEntryBarrierUs = 10.0;       // entry barrier of a fused call
+  static constexpr double kLocalHbmGbps = 3000.0;       // local reads/writes of the reduction and tail copy (assumed)
+};
+
+}  // namespace ccfuse::tp
