@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [trace]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries)
 set -uo pipefail
@@ -198,6 +198,20 @@ if [[ " $what " == *" moe "* ]]; then
     --routing uniform zipf --dispatch alltoall allgather --iters 20 --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("moe serial: rc=$rc, $(wc -l < "$OUT/moe_serial.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_serial.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_serial.jsonl") FAIL (moe_serial.log)")
+fi
+if [[ " $what " == *" trace "* ]]; then
+  # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where
+  # their time goes against the same kernel without communication (W = 1) (docs/tp-fusion.md).
+  : > "$OUT/tile_trace.log"
+  for spec in "ag_gemm 8192 3072 4096 2" "gemm_rs 8192 4096 6144 2" "gemm_rs 8192 4096 3072 1" \
+              "gemm_rs 8192 8192 28672 2" "gemm_ar 4096 4096 14336 2"; do
+    set -- $spec
+    prefix="$OUT/trace_$1_$2x$3x$4_w$5"
+    CCFUSE_TILE_TRACE="$prefix" timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --world-size $5 --dtype bf16 \
+      --iters 5 --warmup 2 >> "$OUT/tile_trace.log" 2>&1 || status=1
+    python3 tools/tile_trace.py "$prefix".rank*.csv | tee -a "$OUT/tile_trace.log"
+  done
+  summary+=("tile traces: tile_trace.log")
 fi
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done

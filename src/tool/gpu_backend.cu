@@ -10,6 +10,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <string>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <cmath>
 #include <mutex>
@@ -212,6 +215,36 @@ struct RankState {
     else gemm_rowmajor(blas, o.dtype, o.m, o.n, s.gemm_k, a[set], b[set], gathered[set]);
   }
   bool has_fused_op() const { return fused_ag || fused_rs || fused_ar; }
+  // Diagnostics (CCFUSE_TILE_TRACE=PREFIX): one run of the fused op with per-tile timestamps,
+  // written to PREFIX.rank<r>.csv (tools/tile_trace.py summarises them).
+  void trace_fused(const std::string& prefix) {
+    const int sms = gemm::current_device_sms();
+    const int64_t tiles_bound = (ceil_div(o.m, 128) + o.world_size) * ceil_div(o.n, 256);
+    const int slots = int(tiles_bound / sms + 2);
+    const size_t count = size_t(sms) * size_t(slots);
+    gemm::TileTrace* rec = nullptr;
+    CCFUSE_CUDA_CHECK(cudaMalloc(&rec, count * sizeof(gemm::TileTrace)));
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(rec, 0, count * sizeof(gemm::TileTrace), stream));
+    auto set = [&](gemm::TileTrace* r) {
+      if (fused_ag) fused_ag->set_trace(r, slots);
+      if (fused_rs) fused_rs->set_trace(r, slots);
+      if (fused_ar) fused_ar->set_trace(r, slots);
+    };
+    set(rec);
+    team.barrier(stream);
+    fused(0);
+    team.synchronize(stream);
+    set(nullptr);
+    std::vector<gemm::TileTrace> host(count);
+    CCFUSE_CUDA_CHECK(cudaMemcpy(host.data(), rec, count * sizeof(gemm::TileTrace), cudaMemcpyDeviceToHost));
+    cudaFree(rec);
+    std::ofstream csv(prefix + ".rank" + std::to_string(team.rank()) + ".csv");
+    csv << "op,rank,cta,index,m_tile,n_tile,start_ns,mma_done_ns,addends_ready_ns,stored_ns\n";
+    for (const gemm::TileTrace& t : host)
+      if (t.stored != 0)
+        csv << o.op << "," << team.rank() << "," << t.cta << "," << t.index << "," << t.m_tile << "," << t.n_tile << ","
+            << t.start << "," << t.mma_done << "," << t.addends_ready << "," << t.stored << "\n";
+  }
   void fused(int set) {
     if (fused_ag) fused_ag->run(a[set], b[set], out[set], stream);
     else if (fused_rs) fused_rs->run(a[set], b[set], out[set], stream);
@@ -356,6 +389,9 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
       for (const Part& part : parts) log << " " << part.what;
       log << ", interleaved\n";
     }
+
+    if (const char* prefix = std::getenv("CCFUSE_TILE_TRACE"); prefix != nullptr && st.has_fused_op())
+      st.trace_fused(prefix);
 
     // rel_err on sampled rows of a fresh, poisoned run (a full fp64 reference of these
     // shapes would take minutes on the host).

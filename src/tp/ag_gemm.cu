@@ -57,6 +57,8 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   int64_t band_offset_bytes = 0;             // rank * m_local * K * 2
   int64_t row_bytes = 0;                     // K * 2
   int rank = 0, world = 1, m_tiles_per_band = 0, pieces = 1, rows_per_piece = kBlockM;
+  gemm::TileTrace* trace = nullptr;  // diagnostics (set_trace), null = off
+  int trace_slots = 0;
 
   __device__ bool sends(const gemm::TileWork&) const { return false; }
   __device__ void send(const gemm::TileWork&, int, int) const {}
@@ -89,6 +91,8 @@ struct AgGemm::State {
   int64_t m_local = 0;
   std::unique_ptr<comm::SymmetricBuffer> gather;
   std::unique_ptr<comm::SignalSet> sig;
+  gemm::TileTrace* trace = nullptr;
+  int trace_slots = 0;
   State(comm::Team& t, const AgGemmDesc& d, const AgGemmConfig& c) : team(t), desc(d), cfg(c) {}
 };
 
@@ -132,6 +136,10 @@ void* AgGemm::local_a() const {
   return static_cast<char*>(s_->gather->local()) + size_t(s_->team.rank() * s_->m_local * s_->desc.k) * 2;
 }
 const void* AgGemm::gathered_a() const { return s_->gather->local(); }
+void AgGemm::set_trace(gemm::TileTrace* records, int slots_per_cta) {
+  s_->trace = records;
+  s_->trace_slots = records != nullptr ? slots_per_cta : 0;
+}
 
 namespace {
 template <class E>
@@ -178,6 +186,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.m_tiles_per_band = sched.m_tiles_per_band;
   epi.pieces = sched.pieces;
   epi.rows_per_piece = kBlockM / sched.pieces;
+  epi.trace = s_->trace;
+  epi.trace_slots = s_->trace_slots;
   if (d.dtype == DType::kBFloat16) launch_ag<cutlass::bfloat16_t>(d, s_->gather->local(), sched, epi, b, c, sms, stream);
   else launch_ag<cutlass::half_t>(d, s_->gather->local(), sched, epi, b, c, sms, stream);
 }

@@ -43,6 +43,8 @@ struct RsEpilogue {
   int rank = 0, world = 1, m_tiles_per_band = 1, n_tiles = 1;
   bool copy_tail = true;  // GemmAr: C is not the symmetric output, copy the peers' bands into it
   comm::DeviceSignals sig{};
+  gemm::TileTrace* trace = nullptr;  // diagnostics (set_trace), null = off
+  int trace_slots = 0;
 
   CCFUSE_HD int band_of(const gemm::TileWork& w) const { return w.m_tile / m_tiles_per_band; }
   CCFUSE_HD int tiles_per_band() const { return m_tiles_per_band * n_tiles; }
@@ -157,6 +159,8 @@ struct RsState {
   int m_tiles_per_band = 0, n_tiles = 0;
   std::unique_ptr<comm::SymmetricBuffer> recv, agout;
   void* staging = nullptr;  // local [M, N]
+  gemm::TileTrace* trace = nullptr;
+  int trace_slots = 0;
   std::unique_ptr<comm::SignalSet> sig;
 
   ~RsState();
@@ -243,6 +247,8 @@ struct RsState {
     epi.n_tiles = n_tiles;
     epi.copy_tail = !kAr || c != agout->local();
     epi.sig = sig->device();
+    epi.trace = trace;
+    epi.trace_slots = trace_slots;
     const int sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
     const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
     if (d.b_layout == gemm::BLayout::kNK)
@@ -266,10 +272,18 @@ struct GemmAr::State : RsState {
 GemmRs::GemmRs(comm::Team& team, const GemmRsDesc& d, GemmRsConfig cfg) : s_(new State(team, d, cfg, false)) {}
 GemmRs::~GemmRs() = default;
 void GemmRs::run(const void* a, const void* b, void* c, cudaStream_t stream) { s_->run(a, b, c, stream); }
+void GemmRs::set_trace(gemm::TileTrace* records, int slots_per_cta) {
+  s_->trace = records;
+  s_->trace_slots = records != nullptr ? slots_per_cta : 0;
+}
 
 GemmAr::GemmAr(comm::Team& team, const GemmRsDesc& d, GemmRsConfig cfg) : s_(new State(team, d, cfg, true)) {}
 GemmAr::~GemmAr() = default;
 void* GemmAr::output() const { return s_->agout->local(); }
 void GemmAr::run(const void* a, const void* b, void* c, cudaStream_t stream) { s_->run(a, b, c, stream); }
+void GemmAr::set_trace(gemm::TileTrace* records, int slots_per_cta) {
+  s_->trace = records;
+  s_->trace_slots = records != nullptr ? slots_per_cta : 0;
+}
 
 }  // namespace ccfuse::tp

@@ -46,6 +46,17 @@ inline GemmDesc make_desc(int64_t m, int64_t n, int64_t k, DType dtype, BLayout 
   return d;
 }
 
+// Per-tile timestamps of a persistent GEMM (diagnostics; globaltimer ns), written by the first
+// consumer thread of each CTA: start (before the tile's first k-block wait), mma_done (last
+// wgmma retired), addends_ready (peer partials waited for and added; = mma_done without), stored
+// (the tile's stores issued and, with send warps, handed over). Records of the CTA at
+// grid-position c (GEMM CTAs counted from 0) are [c * slots, c * slots + slots); unused ones
+// keep what the caller put there (zero them first).
+struct TileTrace {
+  uint64_t start, mma_done, addends_ready, stored;
+  int32_t m_tile, n_tile, cta, index;
+};
+
 struct GemmConfig {
   int block_m = 128;
   int block_n = 256;

@@ -42,6 +42,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "ccfuse/common/error.h"
+#include "ccfuse/gemm/gemm.h"
 #include "ccfuse/gemm/tile_order.h"
 
 namespace ccfuse::gemm::sm90 {
@@ -83,6 +84,8 @@ struct Traits {
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
     uint32_t tiles_handed;  // kHasSendWarps: tiles stored by the consumers so far
+    uint64_t trace_t[3];    // tile traces: start, mma_done, addends_ready of the current tile
+                            // (kept here, not in registers the mainloop needs)
   };
   static constexpr uint32_t kStageBytes = uint32_t((kBlockM + kBlockN) * kBlockK * sizeof(Element));
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
@@ -377,6 +380,20 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
   }
 }
 
+// Epilogue::trace (TileTrace*, null = off) and Epilogue::trace_slots: per-tile timestamps
+// (ccfuse/gemm/gemm.h). Epilogues without the members pay nothing.
+template <class E, class = void>
+struct HasTileTrace : std::false_type {};
+template <class E>
+struct HasTileTrace<E, std::void_t<decltype(std::declval<E>().trace), decltype(std::declval<E>().trace_slots)>>
+    : std::true_type {};
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 template <class Traits, class Schedule, class Epilogue>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
@@ -534,8 +551,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         empty[s].arrive();
       }
     };
+    constexpr bool kTrace = HasTileTrace<Epilogue>::value;
+    int trace_index = 0;
+    uint64_t* trace_t = ss.trace_t;
     for (int64_t t = unit_start; t < num_units; t += unit_stride) {
       const TileWork w = work_of(t);
+      if constexpr (kTrace) {
+        if (epi.trace != nullptr && consumer_idx == 0) trace_t[0] = globaltimer_ns();
+      }
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       mma.accumulate_ = GMMA::ScaleOut::Zero;
       int prev_stage = -1;
@@ -562,12 +585,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
+      if constexpr (kTrace) {
+        if (epi.trace != nullptr && consumer_idx == 0) {
+          trace_t[1] = globaltimer_ns();
+          trace_t[2] = trace_t[1];
+        }
+      }
       if constexpr (Epilogue::kHasAddends) {
         if (epi.has_addends(w)) {  // the same for every consumer thread of the CTA
           if (consumer_idx == 0) epi.wait_addends(w);
           // The wait's acquire happens-before every consumer thread's loads of the addends.
           asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
           add_addends<Traits>(p, epi, accum, consumer_idx, w);
+          if constexpr (kTrace) {
+            if (epi.trace != nullptr && consumer_idx == 0) trace_t[2] = globaltimer_ns();
+          }
         }
       }
       store_tile<Traits>(p, epi, accum, consumer_idx, w);
@@ -585,6 +617,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // Every consumer thread's stores happen-before the notify of the tile.
         asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
         if (consumer_idx == 0) epi.notify(w);
+      }
+      if constexpr (kTrace) {
+        if (epi.trace != nullptr && consumer_idx == 0 && trace_index < epi.trace_slots) {
+          const int cta = unit_start;
+          TileTrace& rec = epi.trace[int64_t(cta) * epi.trace_slots + trace_index];
+          rec = TileTrace{trace_t[0], trace_t[1], trace_t[2], globaltimer_ns(), w.m_tile, w.n_tile, cta, trace_index};
+        }
+        ++trace_index;
       }
     }
     if constexpr (Epilogue::kHasTail) epi.tail(consumer_idx, unit_start, unit_stride);

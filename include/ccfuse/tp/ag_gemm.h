@@ -52,6 +52,9 @@ class AgGemm {
 
   // a_local: this rank's A_r [M/W, K] (device) or nullptr; b: B_r; c: C_r [M, N] (device).
   void run(const void* a_local, const void* b, void* c, cudaStream_t stream);
+  // Diagnostics: later calls write per-tile timestamps (gemm::TileTrace) into `records` (device,
+  // GEMM CTAs x slots_per_cta); nullptr turns it off.
+  void set_trace(gemm::TileTrace* records, int slots_per_cta);
 
  private:
   struct State;

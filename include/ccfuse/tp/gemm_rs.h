@@ -61,6 +61,9 @@ class GemmRs {
   // a: A_r [M, K]; b: B_r; c: C_r [M/W, N]; all device pointers, 16-byte aligned, c not
   // overlapping a or b.
   void run(const void* a, const void* b, void* c, cudaStream_t stream);
+  // Diagnostics: later calls write per-tile timestamps (gemm::TileTrace) into `records` (device,
+  // GEMM CTAs x slots_per_cta); nullptr turns it off.
+  void set_trace(gemm::TileTrace* records, int slots_per_cta);
 
  private:
   struct State;
@@ -75,6 +78,7 @@ class GemmAr {
   void* output() const;
   // a: A_r [M, K]; b: B_r; c: C [M, N] (or output()).
   void run(const void* a, const void* b, void* c, cudaStream_t stream);
+  void set_trace(gemm::TileTrace* records, int slots_per_cta);  // as GemmRs::set_trace
 
  private:
   struct State;

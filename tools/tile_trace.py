@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Summarises per-tile GEMM traces (CCFUSE_TILE_TRACE=PREFIX ccfuse bench ... writes
+PREFIX.rank<r>.csv; see gemm::TileTrace in include/ccfuse/gemm/gemm.h).
+
+    python3 tools/tile_trace.py PREFIX.rank0.csv [PREFIX.rank1.csv ...]
+
+Per rank: the kernel span (first tile start to last tile stored, over all CTAs), and per CTA on
+average the time in each phase of its tiles: mainloop (start -> mma_done: TMA waits, ready
+waits and wgmma), addends (mma_done -> addends_ready: waiting for and adding peer partials),
+store (addends_ready -> stored: the epilogue stores and the hand-over to the send warps), and
+the gaps (span minus the three). Standard library only."""
+import csv
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    with open(path) as f:
+        return [{k: (v if k == "op" else int(v)) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def summarise(rows):
+    if not rows:
+        return None
+    t0 = min(r["start_ns"] for r in rows)
+    t1 = max(r["stored_ns"] for r in rows)
+    span = t1 - t0
+    per_cta = defaultdict(lambda: [0, 0, 0, 0, None, None])  # main, addends, store, tiles, first, last
+    for r in rows:
+        c = per_cta[r["cta"]]
+        c[0] += r["mma_done_ns"] - r["start_ns"]
+        c[1] += r["addends_ready_ns"] - r["mma_done_ns"]
+        c[2] += r["stored_ns"] - r["addends_ready_ns"]
+        c[3] += 1
+        c[4] = r["start_ns"] if c[4] is None else min(c[4], r["start_ns"])
+        c[5] = r["stored_ns"] if c[5] is None else max(c[5], r["stored_ns"])
+    n = len(per_cta)
+    avg = [sum(c[i] for c in per_cta.values()) / n for i in range(4)]
+    late_start = sum(c[4] - t0 for c in per_cta.values()) / n
+    early_end = sum(t1 - c[5] for c in per_cta.values()) / n
+    return {"ctas": n, "tiles": len(rows), "span_us": span / 1e3, "mainloop_us": avg[0] / 1e3,
+            "addends_us": avg[1] / 1e3, "store_us": avg[2] / 1e3, "tiles_per_cta": avg[3],
+            "gaps_us": (span - avg[0] - avg[1] - avg[2]) / 1e3, "late_start_us": late_start / 1e3,
+            "early_end_us": early_end / 1e3}
+
+
+def main(paths):
+    if not paths:
+        print(__doc__)
+        return 2
+    for path in paths:
+        s = summarise(load(path))
+        if s is None:
+            print(f"{path}: no records")
+            continue
+        span = s["span_us"]
+        pct = lambda v: f"{100.0 * v / span:5.1f}%" if span > 0 else "  -"
+        print(f"{path}: {s['ctas']} CTAs, {s['tiles']} tiles ({s['tiles_per_cta']:.1f} per CTA), span {span:.1f} us")
+        for key in ("mainloop_us", "addends_us", "store_us", "gaps_us", "late_start_us", "early_end_us"):
+            print(f"  {key[:-3]:<12} {s[key]:9.1f} us  {pct(s[key])} of the span (per-CTA average)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
