@@ -20,3 +20,5 @@ for op in ag_gemm gemm_rs gemm_ar; do
   "$bin" bench --op "$op" --m 512 --n 512 --k 256 --iters 5 --json "$json"
 done
 echo "demo: records appended to $json"
+# The short table last: fused vs serial vs limit per op (tools/tp_report.py; "-" where not measured).
+python3 tools/tp_report.py "$json"

@@ -78,6 +78,9 @@ class TpReportTest(unittest.TestCase):
         self.assertEqual(r["verdict"], "ok")
         r = tp_report.compute(dict(op="gemm_ar", m=8192, k=2048, t_fused_ms=1.2, t_serial_ms=1.1))
         self.assertEqual(r["verdict"], "miss: >=serial")
+        # the CPU reference world's thread times are not judged
+        r = tp_report.compute(dict(op="gemm_ar", m=8192, k=2048, t_fused_ms=1.2, t_serial_ms=1.1, backend="cpu"))
+        self.assertEqual(r["verdict"], "cpu reference world: not judged")
 
     def test_table(self):
         md = tp_report.table(self.rows, self.records)
