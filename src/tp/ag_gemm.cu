@@ -22,6 +22,12 @@ constexpr int kMaxAgRanks = 8;
 // 128-row chunk: all `pieces` flags of it, published by the band's rank.
 struct AgSchedule : BandedTiles {
   int pieces = 1;
+  // The own band is read in place from a_local (second TMA descriptor) when the caller passed
+  // one: its tiles wait for nothing.
+  static constexpr bool kHasAltA = true;
+  bool own_in_place = false;
+  int64_t alt_a_row0 = 0;  // rank * m_local
+  CCFUSE_HD bool alt_a(const gemm::TileWork& w) const { return own_in_place && w.m_tile / m_tiles_per_band == rank; }
   comm::DeviceSignals sig{};
   // Producer-thread state: the call's epoch and the chunks already seen complete.
   epoch_t epoch = 0;
@@ -31,6 +37,7 @@ struct AgSchedule : BandedTiles {
   static constexpr bool kHasSide = false;
 
   __device__ bool wait_ready(const gemm::TileWork& w) {
+    if (alt_a(w)) return true;
     const int chunk = w.m_tile;
     const bool cacheable = chunk < 256;
     if (cacheable && (seen[chunk / 64] >> (chunk % 64) & 1)) return true;
@@ -46,8 +53,10 @@ struct AgSchedule : BandedTiles {
 };
 
 // The epilogue stores to the local C as usual; its send warps push this rank's A band, before
-// any tile, into every rank's gather buffer (this rank's first: its own tiles come first), one
-// piece of a 128-row chunk at a time, each released with its own flag. Pieces are spread over
+// any tile, into every rank's gather buffer, one piece of a 128-row chunk at a time, each
+// released with its own flag: to the peers first (rank + 1, ...), to this rank's own gather
+// buffer last (for gathered_a(): its own tiles read A_r in place), or only to the peers when A_r
+// was written into local_a() by the caller. Pieces are spread over
 // all GEMM CTAs so that the whole chip's NVLink bandwidth serves the push.
 struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   static constexpr bool kHasSendWarps = true;
@@ -70,8 +79,10 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
       const int chunk = int(piece / pieces), pc = int(piece % pieces);
       const int64_t offset = band_offset_bytes + (int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece) * row_bytes;
       const int64_t bytes = int64_t(rows_per_piece) * row_bytes;
-      for (int i = 0; i < world; ++i) {
-        const int p = (rank + i) % world;
+      for (int i = 1; i <= world; ++i) {
+        // With A_r in place in local_a() (src null) this rank's own flags go first: its own tiles
+        // read the gather buffer and wait for them (there is nothing to copy).
+        const int p = src != nullptr ? (rank + i) % world : (rank + i - 1) % world;
         if (src != nullptr || p != rank)
           copy_contiguous(src != nullptr ? src + (offset - band_offset_bytes) : gather[rank] + offset, gather[p] + offset,
                           bytes, tid, num_threads);
@@ -143,15 +154,15 @@ void AgGemm::set_trace(gemm::TileTrace* records, int slots_per_cta) {
 
 namespace {
 template <class E>
-void launch_ag(const AgGemmDesc& d, const void* gathered, const AgSchedule& sched, const AgPushEpilogue& epi,
-               const void* b, void* c, int sms, cudaStream_t stream) {
+void launch_ag(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local, const AgSchedule& sched,
+               const AgPushEpilogue& epi, const void* b, void* c, int sms, cudaStream_t stream) {
   const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
   if (d.b_layout == gemm::BLayout::kNK)
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, true>>(d.m, d.n, d.k, gathered, d.k, b,
-                                                                            ldb, c, d.n, sched, epi, sms, stream);
+                                                                            ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
   else
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, false>>(d.m, d.n, d.k, gathered, d.k, b,
-                                                                             ldb, c, d.n, sched, epi, sms, stream);
+                                                                             ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
 }
 }  // namespace
 
@@ -188,8 +199,12 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.rows_per_piece = kBlockM / sched.pieces;
   epi.trace = s_->trace;
   epi.trace_slots = s_->trace_slots;
-  if (d.dtype == DType::kBFloat16) launch_ag<cutlass::bfloat16_t>(d, s_->gather->local(), sched, epi, b, c, sms, stream);
-  else launch_ag<cutlass::half_t>(d, s_->gather->local(), sched, epi, b, c, sms, stream);
+  sched.own_in_place = a_local != nullptr;
+  sched.alt_a_row0 = int64_t(sched.rank) * s_->m_local;
+  if (d.dtype == DType::kBFloat16)
+    launch_ag<cutlass::bfloat16_t>(d, s_->gather->local(), a_local, s_->m_local, sched, epi, b, c, sms, stream);
+  else
+    launch_ag<cutlass::half_t>(d, s_->gather->local(), a_local, s_->m_local, sched, epi, b, c, sms, stream);
 }
 
 }  // namespace ccfuse::tp

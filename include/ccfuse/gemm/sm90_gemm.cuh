@@ -380,6 +380,14 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
   }
 }
 
+// Schedule::kHasAltA: the schedule's alt_a(w) tiles read A through the second descriptor
+// (tma_a_alt, rows counted from Schedule::alt_a_row0), e.g. AllGather+GEMM reading its own band
+// in place instead of from the gather buffer. Schedules without the member never do.
+template <class S, class = void>
+struct HasAltA : std::false_type {};
+template <class S>
+struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kHasAltA> {};
+
 // Epilogue::trace (TileTrace*, null = off) and Epilogue::trace_slots: per-tile timestamps
 // (ccfuse/gemm/gemm.h). Epilogues without the members pay nothing.
 template <class E, class = void>
@@ -398,7 +406,8 @@ template <class Traits, class Schedule, class Epilogue>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
                 CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a,
-                CUTE_GRID_CONSTANT const typename Traits::TmaB tma_b) {
+                CUTE_GRID_CONSTANT const typename Traits::TmaB tma_b,
+                CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a_alt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   int side_ctas = 0;
   if constexpr (Schedule::kHasSide) {
@@ -482,7 +491,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           (void)producer_sched.wait_ready(w);
         }
         // A from the tile's first row (any row: groups start anywhere); B of the tile's group.
-        Tensor gA = local_tile(domain_offset(make_coord(int(w.row0), 0), mA), Shape<Int<Traits::kBlockM>, Int<Traits::kBlockK>>{},
+        bool alt = false;
+        if constexpr (HasAltA<Schedule>::value) alt = producer_sched.alt_a(w);
+        int64_t a_row = w.row0;
+        if constexpr (HasAltA<Schedule>::value) a_row = alt ? w.row0 - producer_sched.alt_a_row0 : w.row0;
+        const typename Traits::TmaA& tma_a_tile = alt ? tma_a_alt : tma_a;
+        Tensor gA = local_tile(domain_offset(make_coord(int(a_row), 0), mA), Shape<Int<Traits::kBlockM>, Int<Traits::kBlockK>>{},
                                make_coord(0, _));
         Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
                                make_coord(w.n_tile, _));
@@ -492,7 +506,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         for (int kb = 0; kb < k_tiles; ++kb) {
           empty[stage].wait(phase ^ 1);
           full[stage].arrive_and_expect_tx(Traits::kStageBytes);
-          copy(tma_a.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
+          copy(tma_a_tile.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
           if constexpr (kCluster > 1)
             copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage]), uint16_t((1 << kCluster) - 1)), tBgB(_, kb),
                  tBsB(_, stage));
@@ -653,14 +667,18 @@ inline PlainSchedule plain_schedule(int64_t m, int64_t n, int block_m, int block
 // (at most one per tile). A, B: global pointers laid out as Traits expects; C row-major (ldc).
 // Host only; validation is the caller's (ccfuse::gemm::validate).
 // For grouped problems `m` is the row capacity of A and C and B holds `groups` batches of
-// `group_stride` elements; plain problems pass groups = 1.
+// `group_stride` elements; plain problems pass groups = 1. `a_alt` ([a_alt_rows, K], stride lda)
+// is what Schedule::alt_a tiles read (HasAltA); null: A again.
 template <class Traits, class Schedule, class Epilogue>
 void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
                  int64_t ldc, const Schedule& sched, const Epilogue& epi, int grid_sms, cudaStream_t stream,
-                 int groups = 1, int64_t group_stride = 0) {
+                 int groups = 1, int64_t group_stride = 0, const void* a_alt = nullptr, int64_t a_alt_rows = 0) {
   using E = typename Traits::Element;
   auto tma_a = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
                              typename Traits::SmemLayoutA{}(_, _, 0));
+  auto tma_a_alt = a_alt == nullptr ? tma_a
+                                    : make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a_alt), a_alt_rows, k, lda),
+                                                    typename Traits::SmemLayoutA{}(_, _, 0));
   auto tma_b = make_tma_copy(typename Traits::TmaLoadB{},
                              Traits::gmem_b(static_cast<const E*>(b), n, k, ldb, groups, group_stride ? group_stride : n * k),
                              typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kClusterM>{});
@@ -686,7 +704,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     const int gemm_ctas = int(tiles < grid_sms - side ? tiles : grid_sms - side);
     if (gemm_ctas <= 0 && side == 0) return;
     if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
-    kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b);
+    kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt);
   } else {
     static_assert(std::is_same_v<Schedule, PlainSchedule>, "clusters are built for the plain schedule only");
     cudaLaunchConfig_t config{};
@@ -711,7 +729,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     if (clusters > max_clusters) clusters = max_clusters;
     if (clusters <= 0) return;
     config.gridDim = dim3(unsigned(clusters * Traits::kClusterM));
-    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b);
+    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt);
     if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cluster launch failed: ", cudaGetErrorString(err)));
   }
   err = cudaGetLastError();
