@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [trace]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [trace] [gemm_tma]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries)
 set -uo pipefail
@@ -198,6 +198,20 @@ if [[ " $what " == *" moe "* ]]; then
     --routing uniform zipf --dispatch alltoall allgather --iters 20 --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("moe serial: rc=$rc, $(wc -l < "$OUT/moe_serial.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_serial.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_serial.jsonl") FAIL (moe_serial.log)")
+fi
+if [[ " $what " == *" gemm_tma "* ]]; then
+  # The GEMM's TMA-store epilogue (opt-in, docs/perf-notes.md) against the register epilogue
+  # and cuBLASLt on the small-K and large TP shapes: does it remove the ~5.7 us per tile?
+  : > "$OUT/gemm_tma.log"; : > "$OUT/gemm_tma.jsonl"
+  for shape in "16384 4096 512" "8192 8192 1024" "4096 8192 1024" "8192 8192 3584" "8192 14336 8192" "8192 8192 14336"; do
+    set -- $shape
+    for tma in 0 1; do
+      CCFUSE_GEMM_TMA_STORE=$tma timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_tma.jsonl" < /dev/null >> "$OUT/gemm_tma.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/gemm_tma.jsonl" 2>&1 | tee "$OUT/gemm_tma_summary.log"
+  summary+=("gemm tma-store: gemm_tma_summary.log")
 fi
 if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where

@@ -46,6 +46,8 @@ struct TileShape {
   int block_m, block_n, block_k, stages;
 };
 constexpr TileShape kTileShapes[] = {{128, 256, 64, 4}, {128, 128, 64, 6}};
+// With the TMA-store epilogue (its 64 KiB staging buffer leaves room for 3 stages).
+constexpr TileShape kTmaStoreShape = {128, 256, 64, 3};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -85,21 +87,22 @@ void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
   else launch_grouped<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, rows, ws, overflow, s);
 }
 
-template <class E, int BM, int BN, int BK, int S>
+template <class E, int BM, int BN, int BK, int S, bool kTma = false>
 void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
   const bool nk = d.b_layout == BLayout::kNK;
   if (cfg.cluster_m == 2) {
-    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true, 2>>(d, cfg, a, b, c, s);
-    else launch<sm90::Traits<E, BM, BN, BK, S, false, 2>>(d, cfg, a, b, c, s);
+    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true, 2, kTma>>(d, cfg, a, b, c, s);
+    else launch<sm90::Traits<E, BM, BN, BK, S, false, 2, kTma>>(d, cfg, a, b, c, s);
   } else {
-    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, s);
-    else launch<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, s);
+    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true, 1, kTma>>(d, cfg, a, b, c, s);
+    else launch<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, s);
   }
 }
 
 template <class E>
 void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
-  if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
+  if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
+  else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
   else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
 }
 
@@ -134,10 +137,20 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
                    d.b_layout == BLayout::kKN ? "K, N" : "N, K", "])");
   CCFUSE_ARG_CHECK(ldc >= d.n, "ldc ", ldc, " must be at least n ", d.n);
   bool known = false;
-  for (const auto& t : kTileShapes)
-    known |= t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
-  CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
-                   " stages is not built (built: 128x256x64/4, 128x128x64/6)");
+  auto same = [&](const TileShape& t) {
+    return t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
+  };
+  if (cfg.tma_store) {
+    known = same(kTmaStoreShape);
+    CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
+                     " stages is not built with tma_store (built: 128x256x64/3)");
+    CCFUSE_ARG_CHECK(ldc % align == 0, "ldc ", ldc, " must be a multiple of ", align, " for ", dtype_name(d.dtype),
+                     " with tma_store (TMA stores 16-byte aligned rows of C)");
+  } else {
+    for (const auto& t : kTileShapes) known |= same(t);
+    CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
+                     " stages is not built (built: 128x256x64/4, 128x128x64/6)");
+  }
   CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
   CCFUSE_ARG_CHECK(cfg.group_m >= 1, "group_m ", cfg.group_m, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, "cluster_m ", cfg.cluster_m, " must be 1 or 2");
@@ -174,7 +187,7 @@ std::string to_string(const GemmConfig& c) {
   std::ostringstream os;
   os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
      << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m
-     << " cluster=" << c.cluster_m;
+     << " cluster=" << c.cluster_m << (c.tma_store ? " epilogue=tma_store" : "");
   return os.str();
 }
 
@@ -205,6 +218,7 @@ GemmDesc as_plain(const GroupedGemmDesc& d) { return make_desc(d.max_rows, d.n, 
 void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
+  CCFUSE_ARG_CHECK(!cfg.tma_store, "tma_store is not supported by the grouped GEMM (a tile's rows may cross groups)");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
   validate(as_plain(d), cfg);
 }

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -191,9 +192,18 @@ gemm::GemmDesc desc_of(const Options& o) {
 }
 
 // The engine's config for the options, validated (bad shapes are bad input: exit code 2).
+// EXPERIMENT (docs/perf-notes.md): CCFUSE_GEMM_TMA_STORE=1 runs the TMA-store epilogue
+// (128x256x64, 3 stages) instead of the engine's choice, to measure it before it becomes one.
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   const gemm::GemmDesc desc = desc_of(o);
-  const gemm::GemmConfig cfg = gemm::choose_config(desc, dev.budget);
+  gemm::GemmConfig cfg = gemm::choose_config(desc, dev.budget);
+  if (const char* v = std::getenv("CCFUSE_GEMM_TMA_STORE"); v != nullptr && std::string(v) == "1") {
+    cfg.block_m = 128;
+    cfg.block_n = 256;
+    cfg.block_k = 64;
+    cfg.stages = 3;
+    cfg.tma_store = true;
+  }
   gemm::validate(desc, cfg);
   return cfg;
 }

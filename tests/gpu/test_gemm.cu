@@ -27,11 +27,13 @@ struct Case {
   int num_sms;      // 0 = all
   bool col_major;
   int cluster = 0;  // 1 or 2; 0 = choose_config's
+  bool tma_store = false;  // the TMA-store epilogue (128x256x64, 3 stages)
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
-                         c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster);
+                         c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster,
+                         c.tma_store ? "_tma" : "");
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -113,6 +115,11 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   if (c.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, cfg.num_sms};
   cfg.order = c.col_major ? TileOrder::kColumnMajor : TileOrder::kRowMajor;
   if (c.cluster) cfg.cluster_m = c.cluster;
+  if (c.tma_store) {
+    cfg.block_n = 256;
+    cfg.stages = 3;
+    cfg.tma_store = true;
+  }
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -142,6 +149,16 @@ std::vector<Case> cases() {
   out.push_back({777, 1030, 8, DType::kBFloat16, BLayout::kNK, 128, 7, false});  // odd ldc: scalar stores
   out.push_back({777, 1030, 8, DType::kBFloat16, BLayout::kNK, 256, 7, false, 2});  // odd row tiles, odd SM budget
   out.push_back({3000, 5000, 1000, DType::kBFloat16, BLayout::kKN, 256, 100, true, 2});
+  // The TMA-store epilogue: partial tiles (M, N past the tile), M < 64, both layouts and dtypes,
+  // clusters, an SM budget, column-major order (N a multiple of 8: TMA stores rows of C).
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (BLayout l : {BLayout::kNK, BLayout::kKN})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 776, 520, t, l, 256, 0, false, cl, true});
+        out.push_back({48, 200, 24, t, l, 256, 0, false, cl, true});
+      }
+  out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kNK, 256, 0, false, 2, true});
+  out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kNK, 256, 100, true, 1, true});
   return out;
 }
 
@@ -180,6 +197,41 @@ TEST(GemmValidation, RejectsWhatTmaCannotTake) {
   d.dtype = DType::kBFloat16;
   cfg.block_n = 64;
   EXPECT_THROW(validate(d, cfg), InvalidArgument);
+}
+
+TEST(GemmValidation, TmaStoreRules) {
+  GemmDesc d = make_desc(256, 264, 128, DType::kBFloat16, BLayout::kNK);
+  GemmConfig cfg{128, 256, 64, 3};
+  cfg.tma_store = true;
+  EXPECT_NO_THROW(validate(d, cfg));
+  d.ldc = 270;  // rows of C not 16-byte aligned
+  try {
+    validate(d, cfg);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "ldc 270 must be a multiple of 8 for bf16 with tma_store (TMA stores 16-byte aligned rows of C)");
+  }
+  d.ldc = 0;
+  cfg.stages = 4;  // the staging buffer leaves room for 3 stages only
+  try {
+    validate(d, cfg);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3)");
+  }
+  cfg.stages = 3;
+  GroupedGemmDesc g;
+  g.num_groups = 2;
+  g.max_rows = 256;
+  g.n = 256;
+  g.k = 128;
+  try {
+    validate(g, cfg);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tma_store is not supported by the grouped GEMM (a tile's rows may cross groups)");
+  }
+  EXPECT_EQ(to_string(cfg), "block=128x256x64 stages=3 sms=0 order=row group_m=8 cluster=1 epilogue=tma_store");
 }
 
 TEST(GemmValidation, RejectsMisalignedPointers) {

@@ -66,6 +66,9 @@ struct GemmConfig {
   TileOrder order = TileOrder::kRowMajor;
   int group_m = 8;
   int cluster_m = 1;  // 2: CTA pairs on adjacent row tiles share B by TMA multicast (plain GEMM only)
+  // Epilogue through shared memory and TMA stores, overlapped with the next tile (plain GEMM,
+  // 128x256x64 with 3 stages, ldc a multiple of 8). Opt-in until measured (docs/perf-notes.md).
+  bool tma_store = false;
 };
 
 // Throws InvalidArgument naming the argument and the rule: positive sizes; dtype bf16 or fp16;

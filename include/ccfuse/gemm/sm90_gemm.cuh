@@ -49,7 +49,8 @@ namespace ccfuse::gemm::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1>
+template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
+          bool kTmaStore_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
@@ -58,6 +59,12 @@ struct Traits {
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs");
   static constexpr bool kBNK = kBNK_;  // B stored [N, K] (K-major); else [K, N] (N-major)
+  // Epilogue through shared memory and TMA stores (plain problems, PlainEpilogue): the consumers
+  // write the tile into a swizzled staging buffer, one thread issues the TMA stores, and nobody
+  // waits for them but the next tile's staging writes. Frees the tensor cores from the ~5.7 us per
+  // tile that the register stores cost (docs/perf-notes.md). Needs kBlockM x kBlockN x 2 bytes.
+  static constexpr bool kTmaStore = kTmaStore_;
+  static constexpr int kStoreCols = 64;  // one 128-byte swizzle atom wide: a TMA box per sub-tile
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static_assert(kBlockK * sizeof(Element) == 128, "one 128-byte swizzle atom along K");
@@ -81,6 +88,7 @@ struct Traits {
   struct SharedStorage {
     alignas(1024) Element a[cosize_v<SmemLayoutA>];  // 128-byte swizzle wants 1 KiB alignment
     alignas(1024) Element b[cosize_v<SmemLayoutB>];
+    alignas(1024) Element c[kTmaStore ? kBlockM * kBlockN : 8];  // kTmaStore staging
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
     uint32_t tiles_handed;  // kHasSendWarps: tiles stored by the consumers so far
@@ -101,6 +109,13 @@ struct Traits {
       return make_tensor(make_gmem_ptr(b), make_shape(int(n), int(k), groups), make_stride(_1{}, ldb, group_stride));
   }
   using TmaA = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0)));
+  // C staging: kBlockN / 64 sub-tiles of [kBlockM, 64], each one 128-byte swizzled TMA box.
+  using SmemLayoutC = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             make_shape(Int<kBlockM>{}, Int<kStoreCols>{}, Int<kBlockN / kStoreCols>{})));
+  static auto gmem_c(Element* c, int64_t m, int64_t n, int64_t ldc) {
+    return make_tensor(make_gmem_ptr(c), make_shape(int(m), int(n)), make_stride(ldc, _1{}));
+  }
+  using TmaC = decltype(make_tma_copy(SM90_TMA_STORE{}, gmem_c(nullptr, 1, 1, 1), SmemLayoutC{}(_, _, 0)));
   using TmaLoadB = conditional_t<kClusterM == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
   using TmaB = decltype(make_tma_copy(TmaLoadB{}, gmem_b(nullptr, 1, 1, 1, 1, 1), SmemLayoutB{}(_, _, 0),
                                       Int<kClusterM>{}));
@@ -320,6 +335,62 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
   }
 }
 
+// The TMA-store epilogue (Traits::kTmaStore): wait until the previous tile's stores have read the
+// staging buffer, write this tile's values into it (swizzled: the 8 rows a warp writes at once
+// fall in 8 different 16-byte chunks, no bank conflicts), make them visible to the async proxy,
+// and let consumer thread 0 issue one TMA store per 64-column sub-tile (rows and columns past M, N
+// are clipped by TMA). Same fragment layout as store_tile.
+template <class Traits, class Storage, class TmaC, class Accum>
+__device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, Storage& ss, const TmaC& tma_c,
+                                               const Accum& accum, int consumer_idx, const TileWork& w) {
+  using Element = typename Traits::Element;
+  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  constexpr int kThreads = 128 * Traits::kConsumerWGs;
+  if (consumer_idx == 0) tma_store_wait<0>();  // the previous tile's stores have read the buffer
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+  Tensor sC = make_tensor(make_smem_ptr(ss.c), typename Traits::SmemLayoutC{});  // (BM, 64, BN / 64)
+  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
+  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
+  const int c0 = 2 * (lane % 4);
+  // The swizzled address of (row, col) by hand (sC's layout evaluated per element spilled): the
+  // 1 KiB-aligned buffer holds BN / 64 sub-tiles of BM rows x 128 bytes, and the 128-byte swizzle
+  // XORs a row's 16-byte chunk index with row % 8. Checked equal to &sC(row, col % 64, col / 64)
+  // for every element (docs/perf-notes.md, TMA-store epilogue).
+  constexpr int kSubBytes = Traits::kBlockM * kSub * int(sizeof(Element));
+  char* const c_bytes = reinterpret_cast<char*>(ss.c);
+  const int r8 = row % 8;  // = (row + 8) % 8
+  CUTE_UNROLL
+  for (int j = 0; j < kBN / 8; ++j) {
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      uint32_t bits;
+      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(accum(4 * j + 2 * h), accum(4 * j + 2 * h + 1));
+        bits = *reinterpret_cast<uint32_t*>(&v);
+      } else {
+        __half2 v = __floats2half2_rn(accum(4 * j + 2 * h), accum(4 * j + 2 * h + 1));
+        bits = *reinterpret_cast<uint32_t*>(&v);
+      }
+      // col = c0 + 8j is even: the pair stays inside one 16-byte chunk of the swizzled row.
+      const int offset = (j / 8) * kSubBytes + (row + 8 * h) * kSub * int(sizeof(Element)) + (((j % 8) ^ r8) << 4) +
+                         c0 * int(sizeof(Element));
+      *reinterpret_cast<uint32_t*>(c_bytes + offset) = bits;
+    }
+  }
+  cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+  if (consumer_idx == 0) {
+    Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, p.n));
+    Tensor gC = local_tile(domain_offset(make_coord(int(w.row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
+                           make_coord(0, _));  // (BM, 64, N / 64)
+    auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
+    CUTE_UNROLL
+    for (int s = 0; s < kBN / kSub; ++s)
+      if (w.n_tile * kBN + s * kSub < p.n) copy(tma_c, tCsC(_, s), tCgC(_, w.n_tile * (kBN / kSub) + s));
+    tma_store_arrive();
+  }
+}
+
 __device__ __forceinline__ float2 load_pair(const cutlass::bfloat16_t* src) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
 }
@@ -407,7 +478,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
                 CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a,
                 CUTE_GRID_CONSTANT const typename Traits::TmaB tma_b,
-                CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a_alt) {
+                CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a_alt,
+                CUTE_GRID_CONSTANT const typename Traits::TmaC tma_c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   int side_ctas = 0;
   if constexpr (Schedule::kHasSide) {
@@ -616,7 +688,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       }
-      store_tile<Traits>(p, epi, accum, consumer_idx, w);
+      if constexpr (Traits::kTmaStore) {
+        static_assert(std::is_same_v<Schedule, PlainSchedule> && std::is_same_v<Epilogue, PlainEpilogue>,
+                      "the TMA-store epilogue is built for plain problems");
+        store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
+      } else {
+        store_tile<Traits>(p, epi, accum, consumer_idx, w);
+      }
       if constexpr (Epilogue::kHasSendWarps) {
         if (epi.sends(w)) {
           // Every consumer thread's stores happen-before the hand-over to the send warps.
@@ -640,6 +718,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
         ++trace_index;
       }
+    }
+    if constexpr (Traits::kTmaStore) {
+      // The staging buffer must outlive the last stores' reads of it.
+      if (consumer_idx == 0) tma_store_wait<0>();
     }
     if constexpr (Epilogue::kHasTail) epi.tail(consumer_idx, unit_start, unit_stride);
   }
@@ -682,6 +764,13 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
   auto tma_b = make_tma_copy(typename Traits::TmaLoadB{},
                              Traits::gmem_b(static_cast<const E*>(b), n, k, ldb, groups, group_stride ? group_stride : n * k),
                              typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kClusterM>{});
+  // Only the TMA-store epilogue uses it; the others get a descriptor of a valid dummy view (an
+  // odd ldc, which they support, would not make a valid TMA descriptor).
+  auto tma_c = make_tma_copy(SM90_TMA_STORE{},
+                             Traits::kTmaStore ? Traits::gmem_c(static_cast<E*>(c), m, n, ldc)
+                                               : Traits::gmem_c(static_cast<E*>(c), Traits::kBlockM, Traits::kStoreCols,
+                                                                Traits::kStoreCols),
+                             typename Traits::SmemLayoutC{}(_, _, 0));
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   // The shared-memory attribute once per kernel and device (it is per device; every call paid
@@ -704,7 +793,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     const int gemm_ctas = int(tiles < grid_sms - side ? tiles : grid_sms - side);
     if (gemm_ctas <= 0 && side == 0) return;
     if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
-    kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt);
+    kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
   } else {
     static_assert(std::is_same_v<Schedule, PlainSchedule>, "clusters are built for the plain schedule only");
     cudaLaunchConfig_t config{};
@@ -729,7 +818,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     if (clusters > max_clusters) clusters = max_clusters;
     if (clusters <= 0) return;
     config.gridDim = dim3(unsigned(clusters * Traits::kClusterM));
-    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt);
+    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
     if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cluster launch failed: ", cudaGetErrorString(err)));
   }
   err = cudaGetLastError();
