@@ -158,16 +158,22 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
 
 GemmConfig choose_config(const GemmDesc& d, int num_sms) {
   // Wave quantisation model: a persistent grid of `sms` CTAs runs ceil(tiles / sms) waves; the
-  // last one may be partly empty. 128x256 tiles run ~8 % faster per FLOP than 128x128 (more
-  // reuse per byte of shared memory), so prefer them unless their waves waste more than that.
+  // last one may be partly empty. Per FLOP, 128x256 tiles with the TMA-store epilogue run ~12 %
+  // faster than 128x128 tiles (more reuse per byte of shared memory, and the epilogue overlapped
+  // with the next tile: 2026-11-29 gemm_tma run, docs/perf-notes.md), so prefer them unless their
+  // waves waste more than that. Without TMA stores (ldc not 16-byte aligned) the register
+  // epilogue's 128x256 tile is ~8 % ahead of 128x128.
   const int sms = num_sms > 0 ? num_sms : current_device_sms();
+  const bool tma_ok = ldc_of(d) % (16 / dtype_size(d.dtype)) == 0;
+  const TileShape wide = tma_ok ? kTmaStoreShape : kTileShapes[0];
+  const TileShape candidates[] = {wide, kTileShapes[1]};
   GemmConfig best;
   double best_score = -1;
-  for (const auto& t : kTileShapes) {
+  for (const auto& t : candidates) {
     const double tiles = double(ceil_div(d.m, t.block_m) * ceil_div(d.n, t.block_n));
     const double waves = std::ceil(tiles / sms);
     const double fill = tiles / (waves * sms);
-    const double tile_eff = t.block_n == 256 ? 1.0 : 0.92;
+    const double tile_eff = t.block_n == 256 ? 1.0 : (tma_ok ? 0.88 : 0.92);
     const double score = fill * tile_eff;
     if (score > best_score + 1e-9) {
       best_score = score;
@@ -175,6 +181,7 @@ GemmConfig choose_config(const GemmDesc& d, int num_sms) {
       best.block_n = t.block_n;
       best.block_k = t.block_k;
       best.stages = t.stages;
+      best.tma_store = tma_ok && t.block_n == 256;
     }
   }
   best.num_sms = sms;
@@ -226,6 +233,11 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
 GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms) {
   GemmConfig c = choose_config(as_plain(d), num_sms);
   c.cluster_m = 1;  // CTA pairs would straddle group boundaries
+  if (c.tma_store) {  // a tile's rows may cross groups: stores from registers, clipped per group
+    const TileShape& t = kTileShapes[0];
+    c.stages = t.stages;
+    c.tma_store = false;
+  }
   return c;
 }
 

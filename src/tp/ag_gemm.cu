@@ -35,6 +35,9 @@ struct AgSchedule : BandedTiles {
 
   static constexpr bool kHasReady = true;
   static constexpr bool kHasSide = false;
+  // Bands are whole 128-row tiles (checked by AgGemm's constructor): tiles end at M or inside
+  // it only where a band ends on a tile boundary, so the TMA-store epilogue may store them.
+  static constexpr bool kTmaStoreOk = true;
 
   __device__ bool wait_ready(const gemm::TileWork& w) {
     if (alt_a(w)) return true;
@@ -118,7 +121,7 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
 
 std::string to_string(const AgGemmConfig& c, int num_sms) {
   std::ostringstream os;
-  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 chunk_rows=" << kBlockM
+  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) chunk_rows=" << kBlockM
      << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
      << " group_m=" << c.group_m << " push=send-warps";
   return os.str();
@@ -153,16 +156,28 @@ void AgGemm::set_trace(gemm::TileTrace* records, int slots_per_cta) {
 }
 
 namespace {
+// The TMA-store epilogue (3 stages + swizzled C staging, stores overlapped with the next tile)
+// when C's rows are 16-byte aligned (n a multiple of 8); the register epilogue (4 stages)
+// otherwise.
+template <class E, bool kNK>
+void launch_ag_layout(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local,
+                      const AgSchedule& sched, const AgPushEpilogue& epi, const void* b, void* c, int sms,
+                      cudaStream_t stream) {
+  const int64_t ldb = kNK ? d.k : d.n;
+  if (d.n % 8 == 0)
+    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 3, kNK, 1, true>>(
+        d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
+  else
+    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, kNK>>(d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n,
+                                                                          sched, epi, sms, stream, 1, 0, a_local, m_local);
+}
 template <class E>
 void launch_ag(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local, const AgSchedule& sched,
                const AgPushEpilogue& epi, const void* b, void* c, int sms, cudaStream_t stream) {
-  const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
   if (d.b_layout == gemm::BLayout::kNK)
-    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, true>>(d.m, d.n, d.k, gathered, d.k, b,
-                                                                            ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
+    launch_ag_layout<E, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
   else
-    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, false>>(d.m, d.n, d.k, gathered, d.k, b,
-                                                                             ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
+    launch_ag_layout<E, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
 }
 }  // namespace
 

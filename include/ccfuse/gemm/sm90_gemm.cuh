@@ -129,6 +129,7 @@ struct PlainSchedule {
   int64_t m = 0;
   static constexpr bool kHasReady = false;
   static constexpr bool kHasSide = false;
+  static constexpr bool kTmaStoreOk = true;  // tiles are clipped at M only
   CCFUSE_HD int64_t num_tiles() const { return int64_t(m_tiles) * n_tiles; }
   int64_t max_tiles() const { return num_tiles(); }
   CCFUSE_HD TileCoord coord(int64_t idx) const {
@@ -213,6 +214,7 @@ struct Params;
 
 // The plain epilogue: store to C, nothing to notify.
 struct PlainEpilogue {
+  static constexpr bool kTmaStoreOk = true;  // plain stores to the local C: TMA can do them
   static constexpr bool kHasNotify = false;
   static constexpr Activation kAct = Activation::kNone;
   static constexpr bool kHasRowScale = false;
@@ -231,6 +233,7 @@ struct PlainEpilogue {
 // Activation and optional per-row scale on the way to the local C.
 template <Activation kAct_, bool kRowScale>
 struct ActivationEpilogue : PlainEpilogue {
+  static constexpr bool kTmaStoreOk = false;
   static constexpr Activation kAct = kAct_;
   static constexpr bool kHasRowScale = kRowScale;
   const float* scale = nullptr;  // [rows of C] when kRowScale
@@ -458,6 +461,14 @@ template <class S, class = void>
 struct HasAltA : std::false_type {};
 template <class S>
 struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kHasAltA> {};
+
+// Schedule::kTmaStoreOk / Epilogue::kTmaStoreOk: may the TMA-store epilogue (Traits::kTmaStore)
+// run with them? A schedule's tiles must be clipped at M only (TMA clips at the tensor's edge, not
+// at a group's or band's end); an epilogue must store plain values to the local C. Absent = no.
+template <class S, class = void>
+struct tma_store_ok : std::false_type {};
+template <class S>
+struct tma_store_ok<S, std::void_t<decltype(S::kTmaStoreOk)>> : std::bool_constant<S::kTmaStoreOk> {};
 
 // Epilogue::trace (TileTrace*, null = off) and Epilogue::trace_slots: per-tile timestamps
 // (ccfuse/gemm/gemm.h). Epilogues without the members pay nothing.
@@ -689,8 +700,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       if constexpr (Traits::kTmaStore) {
-        static_assert(std::is_same_v<Schedule, PlainSchedule> && std::is_same_v<Epilogue, PlainEpilogue>,
-                      "the TMA-store epilogue is built for plain problems");
+        static_assert(tma_store_ok<Schedule>::value && tma_store_ok<Epilogue>::value,
+                      "the TMA-store epilogue needs tiles clipped only at M and plain stores to the local C "
+                      "(Schedule::kTmaStoreOk, Epilogue::kTmaStoreOk)");
         store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
       } else {
         store_tile<Traits>(p, epi, accum, consumer_idx, w);
