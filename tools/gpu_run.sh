@@ -227,8 +227,17 @@ if [[ " $what " == *" trace "* ]]; then
   done
   summary+=("tile traces: tile_trace.log")
 fi
+# The device tool brings back only a few files (8): everything goes into two archives, tile
+# traces apart (unpack with tar xzf).
+pack() {
+  ( cd "$OUT" || exit 0
+    ls ./*.csv >/dev/null 2>&1 && tar czf /tmp/ccfuse-traces.tgz ./*.csv && rm -f ./*.csv
+    tar czf /tmp/ccfuse-results.tgz . && find . -mindepth 1 -delete
+    mv /tmp/ccfuse-results.tgz .; [ -f /tmp/ccfuse-traces.tgz ] && mv /tmp/ccfuse-traces.tgz . ; true )
+}
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done
 [ -f "$OUT/comm_microbench.log" ] && tail -n 40 "$OUT/comm_microbench.log"
 [[ " $what " == *" grouped "* ]] && cat "$OUT/grouped_summary.log"
+pack
 exit $status
