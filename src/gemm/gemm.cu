@@ -12,28 +12,11 @@ namespace ccfuse::gemm {
 
 namespace {
 
-// One thread: prefix sums of rows and tiles per group; rows past `max_rows` are dropped (and
-// counted in *overflow) so that no tile reads or writes past the buffers.
+// One thread: the GroupedSchedule's prefix arrays (sm90::grouped_prefix).
 __global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int n_tiles, int block_m,
                                       int64_t max_rows, int* tile_prefix, int64_t* row_prefix, int* overflow) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  int64_t rows = 0;
-  int tiles = 0;
-  int dropped = 0;
-  for (int g = 0; g < num_groups; ++g) {
-    row_prefix[g] = rows;
-    tile_prefix[g] = tiles;
-    int r = group_rows[g] < 0 ? 0 : group_rows[g];
-    if (rows + r > max_rows) {
-      dropped += int(rows + r - max_rows);
-      r = int(max_rows - rows);
-    }
-    rows += r;
-    tiles += ((r + block_m - 1) / block_m) * n_tiles;
-  }
-  row_prefix[num_groups] = rows;
-  tile_prefix[num_groups] = tiles;
-  if (overflow) *overflow = dropped;
+  sm90::grouped_prefix(group_rows, num_groups, n_tiles, block_m, max_rows, tile_prefix, row_prefix, overflow);
 }
 
 

@@ -1,0 +1,108 @@
+// ccfuse/moe/moe_ffn.h: the expert-parallel MoE FFN on GPUs, both layers fused with their
+// communication (DESIGN §1 rows moe_dispatch_gemm, moe_gemm_combine), all-to-all dispatch, host API.
+//
+// Per rank r of a Team of W GPUs (E experts, E_local = E / W, rank r owns experts
+// [r * E_local, (r + 1) * E_local)):
+//   x          [T_r, H]   this rank's tokens (T_r <= max_tokens, may differ per rank, 0 allowed)
+//   topk_ids   [T_r, k]   int32 global expert ids, -1 = dropped (the router's output)
+//   topk_w     [T_r, k]   float router weights
+//   w1         [E_local, H, 2F] (kKN) or [E_local, 2F, H] (kNK): the fused gate/up projection,
+//              its 2F columns in gemm::swiglu_column_permutation(F, 256) order (gate and up
+//              halves of every 256-column tile); with swiglu = false: [.., H, F] / [.., F, H]
+//   w2         [E_local, F, H] (kKN) or [E_local, H, F] (kNK)
+//   out        [T_r, H]   out[t] = sum over slots s with topk_ids[t, s] >= 0 of
+//                         topk_w[t, s] * act(x[t] @ W1_e) @ W2_e, summed in fp32
+//                         (exact zeros for a token whose slots are all dropped)
+// act = silu(gate) * up (swiglu) or the identity; it is rounded to bf16 between the layers.
+//
+// v1 design (docs/moe-layers.md, "GPU v1"):
+//  1. Entry barrier + epoch; each rank counts its entries per expert and pushes that row of the
+//     [W][E] counts matrix to every peer (one flag per source). From the matrix every rank knows
+//     every receiver's expert-sorted buffer (ccfuse/moe/dispatch_plan.h).
+//  2. Layer 0: one persistent grouped-GEMM kernel over the local experts. Its send warps push this
+//     rank's rows to their final rows in each owner's receive buffer (own rows first, then the
+//     peers'), in chunks of 128 rows of a (source, expert) block, each with its row's (source,
+//     entry, weight) and a flag per chunk; each tile's producer waits only for the chunks of its
+//     rows. SwiGLU runs in the epilogue.
+//  3. Layer 1: the grouped down-projection kernel scales each row by its router weight in the
+//     epilogue; its send warps forward each finished tile's rows to their token's owner (a slot
+//     buffer [T, k, H] per rank) and count rows per source; the last tile for a source releases
+//     that source's flag. A small kernel then sums each token's k slots in fp32.
+// No host synchronisation: token counts stay on the device; buffers are sized for the worst
+// case (every entry of every rank on one rank: W * max_tokens * k rows). CUDA-graph capturable.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ccfuse/comm/team.h"
+#include "ccfuse/gemm/gemm.h"
+
+namespace ccfuse::moe {
+
+struct MoeFfnDesc {
+  int64_t max_tokens = 0;  // bound on T_r of every rank (sizes the buffers)
+  int64_t hidden = 0;      // H
+  int64_t ffn = 0;         // F (per expert)
+  int num_experts = 0;     // global E, divisible by W
+  int topk = 1;
+  bool swiglu = true;
+  DType dtype = DType::kBFloat16;  // bf16 only in v1
+  gemm::BLayout b_layout = gemm::BLayout::kKN;
+};
+
+struct MoeFfnConfig {
+  int num_sms = 0;  // CTAs of each persistent GEMM; 0 = every SM
+  // Check topk_ids on the device before each call and throw InvalidArgument naming the first
+  // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
+  // counts as dropped). Tests and debugging turn it on.
+  bool check_routing = false;
+};
+
+// Largest W the fused MoE layers are built for.
+constexpr int kMaxMoeRanks = 8;
+
+class MoeFfn {
+ public:
+  // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
+  // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; H a positive
+  // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
+  // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
+  MoeFfn(comm::Team& team, const MoeFfnDesc& desc, MoeFfnConfig config = {});
+  ~MoeFfn();
+  MoeFfn(const MoeFfn&) = delete;
+  MoeFfn& operator=(const MoeFfn&) = delete;
+
+  // The whole FFN (layer 0 + activation + layer 1) for this rank's num_tokens tokens; every rank
+  // calls it (collective), on its stream. Pointers: device memory, 16-byte aligned. Throws
+  // InvalidArgument on num_tokens > max_tokens or < 0, null or misaligned pointers, out
+  // overlapping x, and (config.check_routing) expert ids outside [-1, num_experts). Sizes of the
+  // buffers behind the pointers (e.g. a w1 of another hidden size) cannot be checked from raw
+  // pointers: they are the caller's contract.
+  void run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
+           const void* w2, void* out, cudaStream_t stream);
+
+  // Layer 0 alone (dispatch + grouped GEMM + activation) then layer 1 alone, for the bench's
+  // per-layer figures: run() == run_layer0() followed by run_layer1() on the same stream.
+  void run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
+                  cudaStream_t stream);
+  void run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out, cudaStream_t stream);
+
+  // After a call (stream-ordered; for tests and the bench): rows this rank received, per local
+  // expert (device, [E_local] ints), and the layer-0 output [max_rows, F] (device, bf16) in the
+  // receive order (local experts in order; inside an expert the sources rotated from this rank).
+  const int32_t* expert_rows_device() const;
+  const void* layer0_output() const;
+  int64_t max_rows() const;
+
+  std::string describe() const;  // "moe_ffn v1 dispatch=alltoall ..."
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace ccfuse::moe

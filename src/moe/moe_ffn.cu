@@ -1,0 +1,575 @@
+// The expert-parallel MoE FFN, v1 (ccfuse/moe/moe_ffn.h; docs/moe-layers.md, "GPU v1").
+#include "ccfuse/moe/moe_ffn.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ccfuse/comm/signals.cuh"
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/gemm/sm90_gemm.cuh"
+#include "ccfuse/moe/dispatch_gpu.h"
+#include "ccfuse/moe/dispatch_plan.h"
+#include "src/tp/tile_copy.cuh"
+
+namespace ccfuse::moe {
+
+namespace {
+
+constexpr int kBlockM = 128, kBlockN = 256;
+constexpr int kChunkRows = 128;  // rows of a (source, expert) block per dispatch flag
+using E = cutlass::bfloat16_t;
+
+// Where things live (per rank, all device memory; "sym" = symmetric, peers write it).
+//   counts   sym [W][E] int32       every source's entries per global expert
+//   recv     sym [max_rows, H] bf16 layer 0's A: dispatched rows, expert-sorted
+//   row_src  sym [max_rows] int2    (source rank, entry = token * k + slot) of each received row
+//   row_w    sym [max_rows] float   its router weight
+//   slots    sym [max_tokens * k, H] bf16  layer 1's weighted rows back at their token's owner
+//   h1       [max_rows, F] bf16     layer 0's output (after the activation)
+//   y        [max_rows, H] bf16     layer 1's weighted output tiles before they are forwarded
+// Flags: [0, W) counts row of source s; [W, W + W * max_chunks) chunk c of source s's dispatch;
+// [W + W * max_chunks, + W) layer 1: every row of source s's tokens is back.
+struct Plan {  // device arrays derived from the counts matrix (written by exchange_kernel)
+  int32_t* group_rows;   // [E_local] rows of each local expert
+  int64_t* row_prefix;   // [E_local + 1]
+  int* tile_prefix0;     // [E_local + 1] layer-0 tiles (n_tiles = 2F / 256 or F / 256)
+  int* tile_prefix1;     // [E_local + 1] layer-1 tiles (n_tiles = H / 256)
+  int* chunk_base;       // [W][E + 1] first chunk of source s's block of rotated expert i
+  int64_t* rows_base;    // [E + 1] this rank's entries before rotated expert i (send order)
+  int64_t* block_begin;  // [E] first row of this rank's block of expert e on its owner
+  int64_t* target;       // [W] layer 1: (rows from source s) * H-tiles
+  int64_t* done_count;   // [W] layer 1: row-tiles of source s sent so far (zeroed per call)
+};
+
+struct Geometry {
+  int world = 1, rank = 0, experts = 1, epr = 1, topk = 1;
+  int64_t hidden = 0, max_chunks = 0;
+  __host__ __device__ int rot_index(int src, int e) const { return (e - src * epr + experts) % experts; }
+  __host__ __device__ int rot_expert(int src, int i) const { return (src * epr + i) % experts; }
+  __host__ __device__ int chunk_flag(int src, int chunk) const { return world + int(src * max_chunks) + chunk; }
+  __host__ __device__ int done_flag(int src) const { return world + int(world * max_chunks) + src; }
+};
+
+// One CTA: push this rank's counts row into every rank's matrix, wait for every source's, then
+// derive the Plan (thread 0; W * E is at most 8 * a few hundred).
+__global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32_t* counts_row, int32_t* const* counts_peers,
+                                Plan plan, int n_tiles0, int n_tiles1, int64_t max_rows) {
+  const epoch_t e = comm::current_epoch(sig);
+  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) {
+    const int p = i / g.experts, x = i % g.experts;
+    counts_peers[p][g.rank * g.experts + x] = counts_row[x];
+  }
+  __syncthreads();
+  bool ok = true;
+  if (threadIdx.x < g.world) {
+    comm::notify(sig, threadIdx.x, g.rank, e);
+    ok = comm::wait(sig, threadIdx.x, e, threadIdx.x);
+  }
+  if (!__syncthreads_and(ok ? 1 : 0)) return;  // watchdog: the host raises TimeoutError
+  if (threadIdx.x != 0) return;
+  const int32_t* counts = counts_peers[g.rank];
+  DispatchPlan dp{counts, g.world, g.experts};
+  for (int x = 0; x < g.epr; ++x) plan.group_rows[x] = int32_t(dp.expert_rows(g.rank * g.epr + x));
+  gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles0, kBlockM, max_rows, plan.tile_prefix0, plan.row_prefix,
+                             nullptr);
+  gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles1, kBlockM, max_rows, plan.tile_prefix1, plan.row_prefix,
+                             nullptr);
+  for (int s = 0; s < g.world; ++s) {
+    int c = 0;
+    for (int i = 0; i < g.experts; ++i) {
+      plan.chunk_base[s * (g.experts + 1) + i] = c;
+      c += (dp.count(s, g.rot_expert(s, i)) + kChunkRows - 1) / kChunkRows;
+    }
+    plan.chunk_base[s * (g.experts + 1) + g.experts] = c;
+  }
+  int64_t rows = 0;
+  for (int i = 0; i < g.experts; ++i) {
+    plan.rows_base[i] = rows;
+    rows += dp.count(g.rank, g.rot_expert(g.rank, i));
+  }
+  plan.rows_base[g.experts] = rows;
+  for (int x = 0; x < g.experts; ++x) plan.block_begin[x] = dp.block_begin(g.rank, x);
+  for (int s = 0; s < g.world; ++s) {
+    int64_t from_s = 0;
+    for (int x = 0; x < g.epr; ++x) from_s += dp.count(s, g.rank * g.epr + x);
+    plan.target[s] = from_s * n_tiles1;
+  }
+}
+
+// send_list[rows_base[rot(e)] + (position - block_begin[e])] = entry: this rank's entries in
+// send order (owners rotated from this rank, experts in order, entries in order).
+__global__ void send_list_kernel(Geometry g, const int32_t* topk_ids, const int64_t* positions, int64_t entries,
+                                 Plan plan, int32_t* send_list) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
+    const int x = topk_ids[i];
+    if (x < 0 || positions[i] < 0) continue;
+    send_list[plan.rows_base[g.rot_index(g.rank, x)] + (positions[i] - plan.block_begin[x])] = int32_t(i);
+  }
+}
+
+// ---- layer 0 -------------------------------------------------------------------------------
+
+// The grouped schedule over the local experts; a tile's producer waits for the dispatch chunks
+// of its rows (every source block it overlaps, chunk by chunk).
+struct L0Schedule : gemm::sm90::GroupedSchedule {
+  static constexpr bool kHasReady = true;
+  Geometry geo;
+  const int32_t* counts = nullptr;  // local [W][E]
+  const int* chunk_base = nullptr;
+  comm::DeviceSignals sig{};
+  epoch_t epoch = 0;
+  __device__ bool wait_ready(const gemm::TileWork& w) {
+    if (epoch == 0) epoch = comm::current_epoch(sig);
+    const int x = geo.rank * geo.epr + w.group;
+    const int64_t lo = w.row0 - row_prefix[w.group];
+    const int64_t hi = min(lo + kBlockM, w.row_end - row_prefix[w.group]);
+    int64_t begin = 0;
+    bool ok = true;
+    for (int i = 0; i < geo.world && ok; ++i) {
+      const int s = (geo.rank + i) % geo.world;
+      const int64_t cnt = counts[s * geo.experts + x];
+      const int64_t a = max(lo, begin) - begin, b = min(hi, begin + cnt) - begin;  // block-relative rows
+      if (a < b) {
+        const int base = chunk_base[s * (geo.experts + 1) + geo.rot_index(s, x)];
+        for (int64_t c = a / kChunkRows; c <= (b - 1) / kChunkRows && ok; ++c)
+          ok = comm::wait(sig, geo.chunk_flag(s, base + int(c)), epoch, s);
+      }
+      begin += cnt;
+    }
+    // Rows written through the generic proxy (peers' and this GPU's send warps), read by TMA.
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    return ok;
+  }
+};
+
+// Stores layer 0's tile (activation on the way) locally; the send warps do the dispatch before
+// the first tile: chunk u of this rank's send order -> its owner's receive buffer, then its flag.
+template <gemm::sm90::Activation kAct>
+struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
+  static constexpr bool kHasSendWarps = true;
+  Geometry geo;
+  comm::DeviceSignals sig{};
+  const E* x = nullptr;              // [T, H]
+  const float* topk_w = nullptr;     // [T, k]
+  const int32_t* send_list = nullptr;
+  const int* chunk_base = nullptr;   // this rank's row: chunk_base + rank * (E + 1)
+  const int64_t* rows_base = nullptr;
+  const int64_t* block_begin = nullptr;
+  E* recv[kMaxMoeRanks] = {};
+  int2* row_src[kMaxMoeRanks] = {};
+  float* row_w[kMaxMoeRanks] = {};
+
+  __device__ bool sends(const gemm::TileWork&) const { return false; }
+  __device__ void send(const gemm::TileWork&, int, int) const {}
+  __device__ void notify_sent(const gemm::TileWork&) const {}
+  __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
+    const epoch_t e = comm::current_epoch(sig);
+    const int* base = chunk_base + geo.rank * (geo.experts + 1);
+    const int total = base[geo.experts];
+    const int64_t row_bytes = geo.hidden * int64_t(sizeof(E));
+    for (int64_t u = cta; u < total; u += num_ctas) {
+      int lo = 0, hi = geo.experts;  // largest rotated index i with base[i] <= u
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (base[mid] <= u) lo = mid;
+        else hi = mid;
+      }
+      const int xg = geo.rot_expert(geo.rank, lo), owner = xg / geo.epr;
+      const int64_t r0 = (u - base[lo]) * int64_t(kChunkRows);
+      const int64_t cnt = rows_base[lo + 1] - rows_base[lo];
+      const int64_t rows = min(int64_t(kChunkRows), cnt - r0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t entry = send_list[rows_base[lo] + r0 + r];
+        const int64_t dest = block_begin[xg] + r0 + r;
+        tp::copy_contiguous(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, row_bytes,
+                            tid, num_threads);
+        if (tid == 0) {
+          row_src[owner][dest] = make_int2(geo.rank, entry);
+          row_w[owner][dest] = topk_w[entry];
+        }
+      }
+      asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
+      if (tid == 0) comm::notify(sig, owner, geo.chunk_flag(geo.rank, int(u)), e);
+    }
+  }
+};
+
+// ---- layer 1 -------------------------------------------------------------------------------
+
+// Weighted rows (router weight per row) stored locally, forwarded by the send warps to the
+// owner's slot buffer; per source, the last row-tile releases the source's flag.
+struct L1Epilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> {
+  static constexpr bool kHasSendWarps = true;
+  Geometry geo;
+  comm::DeviceSignals sig{};
+  const int2* row_src = nullptr;  // local
+  const E* y = nullptr;           // local [max_rows, H]
+  E* slots[kMaxMoeRanks] = {};
+  int64_t* target = nullptr;
+  int64_t* done_count = nullptr;
+
+  __device__ bool sends(const gemm::TileWork&) const { return true; }
+  __device__ void send(const gemm::TileWork& w, int tid, int num_threads) const {
+    const int64_t rows = min(int64_t(kBlockM), w.row_end - w.row0);
+    const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+    constexpr int kVecs = kBlockN * int(sizeof(E)) / 16;  // 16-byte pieces per tile row (H % 256 == 0)
+    const int64_t total = rows * kVecs;
+    int64_t i = tid;
+    for (; i + 3 * num_threads < total; i += 4 * num_threads) {
+      int4 v[4];
+      int4* dst[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t j = i + q * num_threads, r = w.row0 + j / kVecs;
+        const int2 src = row_src[r];
+        v[q] = reinterpret_cast<const int4*>(y + r * geo.hidden + col0)[j % kVecs];
+        dst[q] = reinterpret_cast<int4*>(slots[src.x] + int64_t(src.y) * geo.hidden + col0) + j % kVecs;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) *dst[q] = v[q];
+    }
+    for (; i < total; i += num_threads) {
+      const int64_t r = w.row0 + i / kVecs;
+      const int2 src = row_src[r];
+      reinterpret_cast<int4*>(slots[src.x] + int64_t(src.y) * geo.hidden + col0)[i % kVecs] =
+          reinterpret_cast<const int4*>(y + r * geo.hidden + col0)[i % kVecs];
+    }
+  }
+  __device__ void notify_sent(const gemm::TileWork& w) const {
+    int per_src[kMaxMoeRanks] = {};
+    const int64_t rows = min(int64_t(kBlockM), w.row_end - w.row0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int s = row_src[w.row0 + r].x;
+#pragma unroll
+      for (int q = 0; q < kMaxMoeRanks; ++q) per_src[q] += q == s;
+    }
+    __threadfence_system();  // this CTA's send stores (ordered by the send warps' barrier) first
+    const epoch_t e = comm::current_epoch(sig);
+    for (int s = 0; s < geo.world; ++s) {
+      if (per_src[s] == 0) continue;
+      cuda::atomic_ref<int64_t, cuda::thread_scope_device> done(done_count[s]);
+      const int64_t now = done.fetch_add(int64_t(per_src[s]), cuda::memory_order_acq_rel) + per_src[s];
+      if (now == target[s]) comm::notify(sig, s, geo.done_flag(geo.rank), e);
+    }
+  }
+  __device__ void send_prologue(int64_t cta, int64_t, int tid, int) const {
+    // Sources with no row here are done at once.
+    if (cta != 0 || tid != 0) return;
+    const epoch_t e = comm::current_epoch(sig);
+    for (int s = 0; s < geo.world; ++s)
+      if (target[s] == 0) comm::notify(sig, s, geo.done_flag(geo.rank), e);
+  }
+};
+
+// out[t] = sum of the token's live slots, fp32; waits for every rank's flag first.
+__global__ void combine_kernel(Geometry g, comm::DeviceSignals sig, const E* slots, const int32_t* topk_ids,
+                               int64_t num_tokens, E* out) {
+  bool ok = true;
+  if (threadIdx.x < g.world) ok = comm::wait(sig, g.done_flag(threadIdx.x), comm::current_epoch(sig), threadIdx.x);
+  if (!__syncthreads_and(ok ? 1 : 0)) return;
+  const int64_t vecs = g.hidden / 8;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < num_tokens * vecs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / vecs, v = i % vecs;
+    float acc[8] = {};
+    for (int j = 0; j < g.topk; ++j) {
+      const int x = topk_ids[t * g.topk + j];
+      if (x < 0 || x >= g.experts) continue;  // dropped (or invalid: counted as dropped by the layout)
+      const int4 raw = reinterpret_cast<const int4*>(slots + (t * g.topk + j) * g.hidden)[v];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(h[q]);
+        acc[2 * q] += f.x;
+        acc[2 * q + 1] += f.y;
+      }
+    }
+    int4 res;
+    __nv_bfloat162* r = reinterpret_cast<__nv_bfloat162*>(&res);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) r[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    reinterpret_cast<int4*>(out + t * g.hidden)[v] = res;
+  }
+}
+
+// bad[0] = the lowest entry whose expert id lies outside [-1, E) (stays INT32_MAX when none).
+__global__ void check_ids_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* bad) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
+    const int x = topk_ids[i];
+    if (x < -1 || x >= experts) atomicMin(bad, int32_t(i));
+  }
+}
+
+template <class T>
+T* carve(char*& p, size_t n) {
+  T* r = reinterpret_cast<T*>(p);
+  p += (n * sizeof(T) + 255) / 256 * 256;
+  return r;
+}
+
+}  // namespace
+
+struct MoeFfn::State {
+  comm::Team& team;
+  MoeFfnDesc desc;
+  MoeFfnConfig cfg;
+  Geometry geo;
+  int64_t max_rows = 0;
+  std::unique_ptr<comm::SymmetricBuffer> counts, recv, row_src, row_w, slots;
+  std::unique_ptr<comm::SignalSet> sig;
+  void* scratch = nullptr;  // Plan arrays, counts_row, positions, send_list, dispatch workspace
+  void* h1 = nullptr;
+  void* y = nullptr;
+  Plan plan{};
+  int32_t* counts_row = nullptr;
+  int32_t** counts_peers = nullptr;  // device array of W pointers
+  int64_t* positions = nullptr;
+  int32_t* send_list = nullptr;
+  int32_t* bad_entry = nullptr;  // check_routing
+  void* dispatch_ws = nullptr;
+  int64_t num_tokens = 0;  // of the last run_layer0
+  State(comm::Team& t, const MoeFfnDesc& d, const MoeFfnConfig& c) : team(t), desc(d), cfg(c) {}
+  ~State() {
+    cudaFree(scratch);
+    cudaFree(h1);
+    cudaFree(y);
+  }
+  int64_t l0_cols() const { return desc.swiglu ? 2 * desc.ffn : desc.ffn; }
+};
+
+MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new State(team, d, cfg)) {
+  const int w = team.world_size();
+  CCFUSE_ARG_CHECK(w <= kMaxMoeRanks, "moe_ffn: world size ", w, " exceeds ", kMaxMoeRanks);
+  CCFUSE_ARG_CHECK(d.max_tokens > 0, "max_tokens ", d.max_tokens, " must be positive");
+  CCFUSE_ARG_CHECK(d.num_experts >= 1, "num_experts ", d.num_experts, " must be at least 1");
+  CCFUSE_ARG_CHECK(d.num_experts % w == 0, "num_experts ", d.num_experts, " is not divisible by the world size ", w,
+                   " (experts are split evenly over the ranks)");
+  CCFUSE_ARG_CHECK(d.topk >= 1 && d.topk <= d.num_experts, "topk ", d.topk, " must be in [1, num_experts = ",
+                   d.num_experts, "]");
+  CCFUSE_ARG_CHECK(d.hidden > 0 && d.hidden % kBlockN == 0, "hidden ", d.hidden,
+                   " must be a positive multiple of 256 (layer 1's output tiles are forwarded whole)");
+  CCFUSE_ARG_CHECK(d.ffn > 0 && d.ffn % 8 == 0, "ffn ", d.ffn, " must be a positive multiple of 8 (TMA rows)");
+  CCFUSE_ARG_CHECK(!d.swiglu || d.ffn % (kBlockN / 2) == 0, "ffn ", d.ffn,
+                   " must be a multiple of 128 with swiglu (gate and up halves of every 256-column tile)");
+  CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16, "moe_ffn: dtype must be bf16 in v1, not ", dtype_name(d.dtype));
+  const int64_t entries = d.max_tokens * d.topk;
+  CCFUSE_ARG_CHECK(entries * w < (int64_t(1) << 31), "max_tokens * topk * world size ", entries * w,
+                   " must stay below 2^31 (row indices)");
+  State& s = *s_;
+  s.geo.world = w;
+  s.geo.rank = team.rank();
+  s.geo.experts = d.num_experts;
+  s.geo.epr = d.num_experts / w;
+  s.geo.topk = d.topk;
+  s.geo.hidden = d.hidden;
+  s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
+  s.max_rows = entries * w;
+  s.counts = team.alloc_symmetric(size_t(w) * d.num_experts * 4);
+  s.recv = team.alloc_symmetric(size_t(s.max_rows * d.hidden) * 2);
+  s.row_src = team.alloc_symmetric(size_t(s.max_rows) * sizeof(int2));
+  s.row_w = team.alloc_symmetric(size_t(s.max_rows) * 4);
+  s.slots = team.alloc_symmetric(size_t(entries * d.hidden) * 2);
+  s.sig = team.make_signals("moe_ffn", int(w + w * s.geo.max_chunks + w));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&s.h1, size_t(s.max_rows * d.ffn) * 2));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&s.y, size_t(s.max_rows * d.hidden) * 2));
+  const int ex = d.num_experts, el = s.geo.epr;
+  const size_t ws = dispatch_workspace_bytes(d.max_tokens, d.topk, ex);
+  const size_t bytes = 256 * 16 + size_t(el) * 4 + size_t(el + 1) * (8 + 4 + 4) + size_t(w) * (ex + 1) * 4 +
+                       size_t(ex + 1) * 8 + size_t(ex) * 8 + size_t(w) * (8 + 8) + size_t(ex) * 4 + size_t(w) * 8 +
+                       size_t(entries) * (8 + 4) + ws;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&s.scratch, bytes));
+  char* p = static_cast<char*>(s.scratch);
+  s.plan.group_rows = carve<int32_t>(p, el);
+  s.plan.row_prefix = carve<int64_t>(p, el + 1);
+  s.plan.tile_prefix0 = carve<int>(p, el + 1);
+  s.plan.tile_prefix1 = carve<int>(p, el + 1);
+  s.plan.chunk_base = carve<int>(p, size_t(w) * (ex + 1));
+  s.plan.rows_base = carve<int64_t>(p, ex + 1);
+  s.plan.block_begin = carve<int64_t>(p, ex);
+  s.plan.target = carve<int64_t>(p, w);
+  s.plan.done_count = carve<int64_t>(p, w);
+  s.counts_row = carve<int32_t>(p, ex);
+  s.counts_peers = carve<int32_t*>(p, w);
+  s.positions = carve<int64_t>(p, entries);
+  s.send_list = carve<int32_t>(p, entries);
+  s.bad_entry = carve<int32_t>(p, 1);
+  s.dispatch_ws = carve<char>(p, ws);
+  std::vector<int32_t*> peers(static_cast<size_t>(w));
+  for (int r = 0; r < w; ++r) peers[size_t(r)] = static_cast<int32_t*>(s.counts->peer(r));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(s.counts_peers, peers.data(), size_t(w) * sizeof(int32_t*), cudaMemcpyHostToDevice));
+}
+
+MoeFfn::~MoeFfn() = default;
+
+const int32_t* MoeFfn::expert_rows_device() const { return s_->plan.group_rows; }
+const void* MoeFfn::layer0_output() const { return s_->h1; }
+int64_t MoeFfn::max_rows() const { return s_->max_rows; }
+
+std::string MoeFfn::describe() const {
+  std::ostringstream os;
+  const MoeFfnDesc& d = s_->desc;
+  os << "moe_ffn v1 dispatch=alltoall block=128x256x64 stages=4 chunk_rows=" << kChunkRows
+     << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
+     << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
+     << " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum b=" << gemm::b_layout_name(d.b_layout);
+  return os.str();
+}
+
+namespace {
+void check_ptr(const void* p, const char* name) {
+  CCFUSE_ARG_CHECK(p != nullptr, name, " must be a device pointer, not null");
+  CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, name, " (", p, ") must be 16-byte aligned");
+}
+
+template <class Traits, class Schedule, class Epi>
+void launch(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int64_t ldc, const Schedule& sched,
+            const Epi& epi, int sms, int groups, cudaStream_t stream) {
+  const int64_t ldb = Traits::kBNK ? k : n;
+  gemm::sm90::launch_gemm<Traits>(m, n, k, a, k, b, ldb, c, ldc, sched, epi, sms, stream, groups, n * k);
+}
+}  // namespace
+
+void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w,
+                        const void* w1, cudaStream_t stream) {
+  State& s = *s_;
+  const MoeFfnDesc& d = s.desc;
+  s.team.check_watchdog();
+  CCFUSE_ARG_CHECK(num_tokens >= 0 && num_tokens <= d.max_tokens, "num_tokens ", num_tokens,
+                   " must be in [0, max_tokens = ", d.max_tokens, "]");
+  if (num_tokens > 0) {
+    check_ptr(x, "x");
+    CCFUSE_ARG_CHECK(topk_ids != nullptr && topk_w != nullptr, "topk_ids and topk_w must be device pointers");
+  }
+  check_ptr(w1, "w1");
+  if (s.cfg.check_routing && num_tokens > 0) {
+    // Host sync (off by default): ids outside [-1, E) are counted as dropped otherwise.
+    const int32_t none = INT32_MAX;
+    CCFUSE_CUDA_CHECK(cudaMemcpyAsync(s.bad_entry, &none, 4, cudaMemcpyHostToDevice, stream));
+    const int64_t entries = num_tokens * d.topk;
+    check_ids_kernel<<<int(std::min<int64_t>(ceil_div(entries, 256), 1024)), 256, 0, stream>>>(topk_ids, entries,
+                                                                                              d.num_experts, s.bad_entry);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+    int32_t bad = none;
+    CCFUSE_CUDA_CHECK(cudaMemcpyAsync(&bad, s.bad_entry, 4, cudaMemcpyDeviceToHost, stream));
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    CCFUSE_ARG_CHECK(bad == none, "topk_ids: entry ", bad, " (token ", bad / d.topk, ", slot ", bad % d.topk,
+                     ") holds an expert id outside [-1, num_experts = ", d.num_experts, ")");
+  }
+  s.num_tokens = num_tokens;
+  s.sig->begin_call(stream);
+  CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
+  if (num_tokens > 0)
+    dispatch_counts_gpu(topk_ids, num_tokens, d.topk, d.num_experts, s.counts_row, s.dispatch_ws, stream);
+  else
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
+  const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / kBlockN);
+  exchange_kernel<<<1, 256, 0, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan, n_tiles0,
+                                         n_tiles1, s.max_rows);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  const int32_t* counts_local = static_cast<const int32_t*>(s.counts->local());
+  if (num_tokens > 0) {
+    dispatch_positions_gpu(counts_local, s.geo.world, d.num_experts, s.geo.rank, topk_ids, num_tokens, d.topk,
+                           s.positions, s.dispatch_ws, stream);
+    const int64_t entries = num_tokens * d.topk;
+    send_list_kernel<<<int(std::min<int64_t>(ceil_div(entries, 256), 1024)), 256, 0, stream>>>(
+        s.geo, topk_ids, s.positions, entries, s.plan, s.send_list);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  }
+  L0Schedule sched;
+  sched.num_groups = s.geo.epr;
+  sched.n_tiles = n_tiles0;
+  sched.block_m = kBlockM;
+  sched.row_prefix = s.plan.row_prefix;
+  sched.tile_prefix = s.plan.tile_prefix0;
+  sched.tile_bound = (ceil_div(s.max_rows, kBlockM) + s.geo.epr) * n_tiles0;
+  sched.geo = s.geo;
+  sched.counts = counts_local;
+  sched.chunk_base = s.plan.chunk_base;
+  sched.sig = s.sig->device();
+  const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
+  auto fill = [&](auto& epi) {
+    epi.geo = s.geo;
+    epi.sig = sched.sig;
+    epi.x = static_cast<const E*>(x);
+    epi.topk_w = topk_w;
+    epi.send_list = s.send_list;
+    epi.chunk_base = s.plan.chunk_base;
+    epi.rows_base = s.plan.rows_base;
+    epi.block_begin = s.plan.block_begin;
+    for (int r = 0; r < s.geo.world; ++r) {
+      epi.recv[r] = static_cast<E*>(s.recv->peer(r));
+      epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));
+      epi.row_w[r] = static_cast<float*>(s.row_w->peer(r));
+    }
+  };
+  using gemm::sm90::Activation;
+  using gemm::sm90::Traits;
+  const bool nk = d.b_layout == gemm::BLayout::kNK;
+  if (d.swiglu) {
+    L0Epilogue<Activation::kSiluMul> epi;
+    fill(epi);
+    if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
+    else launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
+  } else {
+    L0Epilogue<Activation::kNone> epi;
+    fill(epi);
+    if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
+    else launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
+  }
+  CCFUSE_CUDA_CHECK_LAUNCH();
+}
+
+void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out, cudaStream_t stream) {
+  State& s = *s_;
+  const MoeFfnDesc& d = s.desc;
+  CCFUSE_ARG_CHECK(num_tokens == s.num_tokens, "num_tokens ", num_tokens, " must equal the last run_layer0's (",
+                   s.num_tokens, ")");
+  check_ptr(w2, "w2");
+  if (num_tokens > 0) {
+    check_ptr(out, "out");
+    CCFUSE_ARG_CHECK(topk_ids != nullptr, "topk_ids must be a device pointer");
+  }
+  const int n_tiles1 = int(d.hidden / kBlockN);
+  gemm::sm90::GroupedSchedule sched;
+  sched.num_groups = s.geo.epr;
+  sched.n_tiles = n_tiles1;
+  sched.block_m = kBlockM;
+  sched.row_prefix = s.plan.row_prefix;
+  sched.tile_prefix = s.plan.tile_prefix1;
+  sched.tile_bound = (ceil_div(s.max_rows, kBlockM) + s.geo.epr) * n_tiles1;
+  L1Epilogue epi;
+  epi.scale = static_cast<const float*>(s.row_w->local());
+  epi.geo = s.geo;
+  epi.sig = s.sig->device();
+  epi.row_src = static_cast<const int2*>(s.row_src->local());
+  epi.y = static_cast<const E*>(s.y);
+  for (int r = 0; r < s.geo.world; ++r) epi.slots[r] = static_cast<E*>(s.slots->peer(r));
+  epi.target = s.plan.target;
+  epi.done_count = s.plan.done_count;
+  const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
+  using gemm::sm90::Traits;
+  if (d.b_layout == gemm::BLayout::kNK)
+    launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
+  else
+    launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  int dev_sms = gemm::current_device_sms();
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(num_tokens * (d.hidden / 8), 256), 4 * dev_sms)));
+  combine_kernel<<<blocks, 256, 0, stream>>>(s.geo, s.sig->device(), static_cast<const E*>(s.slots->local()), topk_ids,
+                                             num_tokens, static_cast<E*>(out));
+  CCFUSE_CUDA_CHECK_LAUNCH();
+}
+
+void MoeFfn::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
+                 const void* w2, void* out, cudaStream_t stream) {
+  const MoeFfnDesc& d = s_->desc;
+  if (num_tokens > 0 && out != nullptr && x != nullptr) {
+    const auto a = reinterpret_cast<uintptr_t>(x), b = reinterpret_cast<uintptr_t>(out);
+    const uintptr_t bytes = uintptr_t(num_tokens * d.hidden) * 2;
+    CCFUSE_ARG_CHECK(!(a < b + bytes && b < a + bytes), "out must not overlap x");
+  }
+  run_layer0(x, num_tokens, topk_ids, topk_w, w1, stream);
+  run_layer1(num_tokens, topk_ids, w2, out, stream);
+}
+
+}  // namespace ccfuse::moe

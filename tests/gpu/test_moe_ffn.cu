@@ -1,0 +1,442 @@
+// The expert-parallel MoE FFN (ccfuse/moe/moe_ffn.h) on all local GPUs (>= 2; skipped otherwise)
+// against the fp64 reference ref::naive_moe, built on the host from exactly the bf16 values that
+// are uploaded (fresh seed per run, printed). Routing patterns: uniform, Zipf-skewed, one hot
+// expert, idle experts, uneven / empty ranks, dropped slots and fully dropped tokens, top-1 to
+// top-8, SwiGLU on / off, kKN / kNK weights. Besides out, the test checks expert_rows_device()
+// and the layer-0 rows (layer0_output() in dispatch_plan.h's receive order), that 20 calls back
+// to back (alternating with a different routing) and CUDA-graph replays reproduce the first
+// result bit for bit, and that run_layer0 + run_layer1 == run.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/dtype.h"
+#include "ccfuse/common/error.h"
+#include "ccfuse/moe/dispatch_plan.h"
+#include "ccfuse/moe/moe_ffn.h"
+#include "gpu_test_util.h"
+#include "reference/moe_naive.h"
+#include "reference/naive.h"
+
+namespace ccfuse::moe {
+namespace {
+
+using ccfuse::testing::gpu_count;
+
+// ---- device memory helpers -----------------------------------------------------------------
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevPtr = std::unique_ptr<void, CudaFree>;
+
+DevPtr dev_alloc(size_t bytes) {  // at least 256 bytes: a rank with 0 tokens still gets valid pointers
+  void* p = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+  return DevPtr(p);
+}
+template <typename T>
+DevPtr upload(const std::vector<T>& v) {
+  DevPtr d = dev_alloc(v.size() * sizeof(T));
+  if (!v.empty()) CCFUSE_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+T* as(const DevPtr& p) {
+  return static_cast<T*>(p.get());
+}
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) CCFUSE_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+std::vector<double> to_doubles(const std::vector<uint16_t>& bits) {
+  std::vector<double> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = bf16{bits[i]}.to_float();
+  return v;
+}
+
+// ---- test cases ----------------------------------------------------------------------------
+enum class Route {
+  kUniform,      // k distinct experts, uniformly
+  kZipf,         // k distinct experts, expert i with probability ~ 1 / (i + 1)^1.2
+  kFirstExpert,  // slot 0 is expert 0 for every token, other slots distinct uniform others
+  kEvenOnly,     // k distinct even experts: every odd expert receives no rows
+};
+
+struct Case {
+  std::string name;
+  int64_t hidden, ffn;
+  int experts, topk;
+  bool swiglu;
+  gemm::BLayout layout;
+  Route route;
+  std::vector<int64_t> tokens;  // T_r = tokens[r % size]
+  int64_t max_tokens = 0;       // 0: the largest T_r
+  double drop_slot = 0;         // probability that a slot is -1
+  double drop_token = 0;        // probability that all of a token's slots are -1
+  int num_sms = 0;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// The largest world size <= min(GPUs, kMaxMoeRanks) that divides E (0: none >= 2).
+int world_for(int experts) {
+  for (int w = std::min(gpu_count(), kMaxMoeRanks); w >= 2; --w)
+    if (experts % w == 0) return w;
+  return 0;
+}
+
+// One rank's uploads and what the test expects of it.
+struct RankData {
+  int64_t tokens = 0;
+  std::vector<uint16_t> x;              // [T, H] bf16 bits
+  std::vector<int32_t> ids, decoy_ids;  // [T, k]; decoy: another routing for the interleaved calls
+  std::vector<float> weights;           // [T, k] bf16-representable
+  std::vector<uint16_t> w1, w2;         // in the uploaded layout (SwiGLU-permuted, maybe transposed)
+  std::vector<double> out;              // [T, H] fp64 reference
+  std::vector<double> act;              // [rows received, F]: the reference layer-0 rows, receive order
+  std::vector<int32_t> expert_rows;     // [E_local] rows received per local expert
+};
+
+// k routed expert ids of one token (distinct, following the case's pattern), before drops.
+std::vector<int32_t> route_token(const Case& c, std::mt19937_64& gen) {
+  std::vector<double> p(size_t(c.experts), 1.0);
+  for (int e = 0; e < c.experts; ++e) {
+    if (c.route == Route::kZipf) p[size_t(e)] = 1.0 / std::pow(double(e + 1), 1.2);
+    if (c.route == Route::kEvenOnly && e % 2 == 1) p[size_t(e)] = 0;
+  }
+  std::vector<int32_t> ids;
+  if (c.route == Route::kFirstExpert) {
+    ids.push_back(0);
+    p[0] = 0;
+  }
+  while (int(ids.size()) < c.topk) {
+    std::discrete_distribution<int> pick(p.begin(), p.end());
+    const int e = pick(gen);
+    p[size_t(e)] = 0;
+    ids.push_back(e);
+  }
+  return ids;
+}
+
+// Every rank's inputs (bf16-rounded), the fp64 reference and the expected receive-side state.
+std::vector<RankData> make_problem(const Case& c, int w, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> sym(-1.f, 1.f), unit(0.f, 1.f);
+  std::bernoulli_distribution drop_slot(c.drop_slot), drop_token(c.drop_token);
+  auto round = [](float f) { return bf16::from_float(f).bits; };
+  const int el = c.experts / w, k = c.topk;
+  const int64_t h = c.hidden, f = c.ffn, f_in = c.swiglu ? 2 * f : f;
+  // Uploaded column i of W1 is column perm[i] of [gate | up] (identity without SwiGLU).
+  std::vector<int64_t> perm(size_t(f_in));
+  if (c.swiglu) perm = gemm::swiglu_column_permutation(f, 256);
+  else std::iota(perm.begin(), perm.end(), int64_t(0));
+  const bool nk = c.layout == gemm::BLayout::kNK;
+
+  std::vector<RankData> ranks(size_t(w));
+  std::vector<ref::MoeRankInputs> in(size_t(w));
+  for (int r = 0; r < w; ++r) {
+    RankData& rd = ranks[size_t(r)];
+    rd.tokens = in[size_t(r)].num_tokens = c.tokens[size_t(r) % c.tokens.size()];
+    rd.x.resize(size_t(rd.tokens * h));
+    for (auto& v : rd.x) v = round(sym(gen));
+    for (int64_t t = 0; t < rd.tokens; ++t) {
+      std::vector<int32_t> ids = route_token(c, gen);
+      const bool all_dropped = drop_token(gen);
+      for (int s = 0; s < k; ++s) {
+        if (all_dropped || drop_slot(gen)) ids[size_t(s)] = -1;
+        rd.ids.push_back(ids[size_t(s)]);
+        // Dropped slots keep a nonzero weight: the op must skip them by id, not by weight.
+        rd.weights.push_back(bf16{round(1.f - unit(gen))}.to_float());  // (0, 1]
+        rd.decoy_ids.push_back(ids[size_t(s)] < 0 ? -1 : c.experts - 1 - ids[size_t(s)]);
+      }
+    }
+    // Weights in the reference's layout first ([E_local, H, f_in] = [gate | up], [E_local, F, H]).
+    std::vector<uint16_t> w1(size_t(el * h * f_in)), w2(size_t(el * f * h));
+    for (auto& v : w1) v = round(sym(gen) / std::sqrt(float(h)));
+    for (auto& v : w2) v = round(sym(gen) / std::sqrt(float(f)));
+    rd.w1.resize(w1.size());
+    rd.w2.resize(w2.size());
+    for (int64_t e = 0; e < el; ++e) {
+      for (int64_t p = 0; p < h; ++p)
+        for (int64_t i = 0; i < f_in; ++i) {
+          const uint16_t v = w1[size_t((e * h + p) * f_in + perm[size_t(i)])];
+          rd.w1[size_t(nk ? (e * f_in + i) * h + p : (e * h + p) * f_in + i)] = v;
+        }
+      for (int64_t j = 0; j < f; ++j)
+        for (int64_t col = 0; col < h; ++col)
+          rd.w2[size_t(nk ? (e * h + col) * f + j : (e * f + j) * h + col)] = w2[size_t((e * f + j) * h + col)];
+    }
+    in[size_t(r)].x = to_doubles(rd.x);
+    in[size_t(r)].topk_ids = rd.ids;
+    in[size_t(r)].topk_weights.assign(rd.weights.begin(), rd.weights.end());
+    in[size_t(r)].w1 = to_doubles(w1);
+    in[size_t(r)].w2 = to_doubles(w2);
+  }
+
+  // fp64 reference, one thread per source rank (each sees every rank's weights, only its tokens).
+  ref::MoeShape shape;
+  shape.max_tokens_per_rank = c.max_tokens;
+  shape.hidden = h;
+  shape.ffn = f;
+  shape.num_experts = c.experts;
+  shape.topk = k;
+  shape.swiglu = c.swiglu;
+  std::vector<ref::MoeNaiveOutput> refs(size_t(w));
+  std::vector<std::exception_ptr> errors(size_t(w));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        std::vector<ref::MoeRankInputs> mine = in;
+        for (int q = 0; q < w; ++q)
+          if (q != r) {
+            mine[size_t(q)].num_tokens = 0;
+            mine[size_t(q)].x.clear();
+            mine[size_t(q)].topk_ids.clear();
+            mine[size_t(q)].topk_weights.clear();
+          }
+        refs[size_t(r)] = ref::naive_moe(mine, shape);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  // Receive side (dispatch_plan.h): rows per local expert, and where each entry's layer-0 row lands.
+  std::vector<int32_t> counts(size_t(w * c.experts));
+  for (int s = 0; s < w; ++s)
+    dispatch_counts(ranks[size_t(s)].ids.data(), ranks[size_t(s)].tokens, k, c.experts, counts.data() + s * c.experts);
+  const DispatchPlan plan{counts.data(), w, c.experts};
+  for (int r = 0; r < w; ++r) {
+    RankData& rd = ranks[size_t(r)];
+    rd.out = refs[size_t(r)].out[size_t(r)];
+    rd.act.assign(size_t(plan.rank_rows(r) * f), 0.0);
+    for (int e = 0; e < el; ++e) rd.expert_rows.push_back(int32_t(plan.expert_rows(r * el + e)));
+  }
+  for (int s = 0; s < w; ++s) {
+    const RankData& src = ranks[size_t(s)];
+    std::vector<int64_t> pos(src.ids.size());
+    dispatch_positions(plan, s, src.ids.data(), src.tokens, k, pos.data());
+    for (size_t i = 0; i < pos.size(); ++i) {
+      if (src.ids[i] < 0) continue;
+      const double* a = refs[size_t(s)].act[size_t(s)].data() + i * size_t(f);
+      std::copy(a, a + f, ranks[size_t(plan.owner(src.ids[i]))].act.begin() + pos[i] * f);
+    }
+  }
+  return ranks;
+}
+
+class GpuMoeFfn : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuMoeFfn, MatchesFp64Reference) {
+  CCFUSE_REQUIRE_GPUS(2);
+  Case c = GetParam();
+  const int w = world_for(c.experts);
+  if (w < 2) GTEST_SKIP() << "no world size in [2, " << gpu_count() << "] divides " << c.experts << " experts";
+  if (c.max_tokens == 0) c.max_tokens = *std::max_element(c.tokens.begin(), c.tokens.end());
+  std::random_device rd;
+  const uint64_t seed = rd();
+  const std::string trace = detail::str_cat("seed ", seed, " case ", c.name, " W ", w);
+  SCOPED_TRACE(trace);
+  const std::vector<RankData> problem = make_problem(c, w, seed);
+  std::vector<int> devices(size_t(w));
+  std::iota(devices.begin(), devices.end(), 0);
+
+  comm::run_local_world(devices, [&](comm::Team& team) {
+    const int r = team.rank();
+    SCOPED_TRACE(detail::str_cat(trace, " rank ", r));  // traces are per thread
+    const RankData& rd = problem[size_t(r)];
+    const int64_t t = rd.tokens, h = c.hidden, f = c.ffn;
+    MoeFfnDesc d;
+    d.max_tokens = c.max_tokens;
+    d.hidden = h;
+    d.ffn = f;
+    d.num_experts = c.experts;
+    d.topk = c.topk;
+    d.swiglu = c.swiglu;
+    d.b_layout = c.layout;
+    MoeFfnConfig config;
+    config.num_sms = c.num_sms;
+    cudaStream_t s;
+    CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const DevPtr x = upload(rd.x), ids = upload(rd.ids), decoy = upload(rd.decoy_ids), tw = upload(rd.weights);
+    const DevPtr w1 = upload(rd.w1), w2 = upload(rd.w2), out = dev_alloc(size_t(t * h) * 2);
+    const size_t out_elems = size_t(t * h), out_bytes = out_elems * 2;
+    {
+      MoeFfn op(team, d, config);
+      auto run_real = [&] { op.run(x.get(), t, as<int32_t>(ids), as<float>(tw), w1.get(), w2.get(), out.get(), s); };
+      // The decoy: half the tokens, experts mirrored (E - 1 - e): other counts, other receivers.
+      auto run_decoy = [&] {
+        op.run(x.get(), t / 2, as<int32_t>(decoy), as<float>(tw), w1.get(), w2.get(), out.get(), s);
+      };
+      // Same 16 bits, no host round trip in between.
+      auto same_as = [&](const std::vector<uint16_t>& want, const char* what) {
+        team.synchronize(s);
+        EXPECT_TRUE(download<uint16_t>(out.get(), out_elems) == want) << what << " changed the result";
+        team.barrier(s);  // every rank has read its out before the next calls overwrite it
+        team.synchronize(s);
+      };
+
+      // 1. A decoy call, then the checked call into a NaN-poisoned out (stream-ordered, no host sync).
+      run_decoy();
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out_bytes, s));
+      run_real();
+      team.synchronize(s);
+      const std::vector<uint16_t> first = download<uint16_t>(out.get(), out_elems);
+      const std::vector<double> got = to_doubles(first);
+      if (t > 0) EXPECT_LE(ref::rel_err(got, rd.out), 1e-2) << "out";
+      int64_t nonzero_dropped = 0;  // tokens whose slots are all -1: exact zeros
+      for (int64_t tok = 0; tok < t; ++tok) {
+        bool all_dropped = true;
+        for (int sl = 0; sl < c.topk; ++sl) all_dropped &= rd.ids[size_t(tok * c.topk + sl)] < 0;
+        if (!all_dropped) continue;
+        for (int64_t col = 0; col < h; ++col) nonzero_dropped += got[size_t(tok * h + col)] != 0.0;
+      }
+      EXPECT_EQ(nonzero_dropped, 0) << "elements of fully dropped tokens that are not 0";
+      const int el = c.experts / w;
+      EXPECT_EQ(download<int32_t>(op.expert_rows_device(), size_t(el)), rd.expert_rows) << "expert_rows_device()";
+      const int64_t rows = int64_t(rd.act.size()) / f;
+      EXPECT_GE(op.max_rows(), rows);
+      if (rows > 0 && op.max_rows() >= rows) {
+        const auto act = to_doubles(download<uint16_t>(op.layer0_output(), size_t(rows * f)));
+        EXPECT_LE(ref::rel_err(act, rd.act), 1e-2) << "layer0_output() (" << rows << " rows)";
+      }
+      team.barrier(s);
+      team.synchronize(s);
+
+      // 2. 20 calls back to back, alternating with the decoy, ending with the real one.
+      for (int i = 0; i < 20; ++i) {
+        if (i % 2 == 0) run_decoy();
+        else run_real();
+      }
+      team.synchronize(s);
+      EXPECT_EQ(download<int32_t>(op.expert_rows_device(), size_t(el)), rd.expert_rows) << "after back-to-back calls";
+      same_as(first, "20 back-to-back calls");
+
+      // 3. run() == run_layer0() then run_layer1().
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out_bytes, s));
+      op.run_layer0(x.get(), t, as<int32_t>(ids), as<float>(tw), w1.get(), s);
+      op.run_layer1(t, as<int32_t>(ids), w2.get(), out.get(), s);
+      same_as(first, "run_layer0 + run_layer1");
+
+      // 4. CUDA graph: decoy + real captured once, replayed 3 times into a poisoned out.
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CCFUSE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      run_decoy();
+      run_real();
+      CCFUSE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out_bytes, s));
+      for (int i = 0; i < 3; ++i) CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      same_as(first, "CUDA-graph replays");
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }  // ~MoeFfn (collective)
+    cudaStreamDestroy(s);
+  });
+}
+
+// Shapes: H a multiple of 256, F of 128. Each case's fp64 reference stays under ~1e9 multiply-adds
+// (T * k * 3HF per rank with SwiGLU) at W = 2.
+std::vector<Case> cases() {
+  using gemm::BLayout;
+  std::vector<Case> v;
+  v.push_back({"uniform", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}});
+  v.push_back({"zipf_top4", 512, 256, 16, 4, true, BLayout::kKN, Route::kZipf, {160}});
+  v.push_back({"one_expert_top1", 512, 256, 8, 1, true, BLayout::kKN, Route::kFirstExpert, {300}});  // all on 0
+  v.push_back({"hot_expert_top2", 512, 256, 8, 2, true, BLayout::kKN, Route::kFirstExpert, {200}});
+  v.push_back({"idle_odd_experts", 512, 256, 8, 2, true, BLayout::kKN, Route::kEvenOnly, {300}});
+  v.push_back({"uneven_tokens", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300, 17}, 512});
+  v.push_back({"rank0_no_tokens", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {0, 300}});
+  v.push_back({"drops", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}, 0, 0.2, 0.05});
+  v.push_back({"top1_e16", 512, 256, 16, 1, true, BLayout::kKN, Route::kUniform, {300}});
+  v.push_back({"top8_e16", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform, {96}});
+  v.push_back({"plain_kn", 512, 256, 8, 2, false, BLayout::kKN, Route::kUniform, {300}});
+  v.push_back({"swiglu_nk", 512, 256, 8, 2, true, BLayout::kNK, Route::kZipf, {300}});
+  v.push_back({"plain_nk_drops", 512, 256, 8, 2, false, BLayout::kNK, Route::kZipf, {250, 40}, 0, 0.2, 0.05});
+  // 2F = 768: three 256-column SwiGLU tiles; few CTAs so that each takes several tiles.
+  v.push_back({"h768_f384_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {150}, 0, 0, 0, 8});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Routing, GpuMoeFfn, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// The messages are the implementation's; the test only asks that they name the argument.
+template <typename F>
+void expect_rejected(F&& f, const std::string& argument) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected InvalidArgument naming " << argument;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos)
+        << "message \"" << e.what() << "\" does not name " << argument;
+  }
+}
+
+TEST(GpuMoeFfn, RejectsBadInput) {
+  CCFUSE_REQUIRE_GPUS(2);
+  const int w = std::min(gpu_count(), kMaxMoeRanks);
+  std::vector<int> devices(size_t(w));
+  std::iota(devices.begin(), devices.end(), 0);
+  comm::run_local_world(devices, [&](comm::Team& team) {
+    MoeFfnDesc good;
+    good.max_tokens = 64;
+    good.hidden = 256;
+    good.ffn = 128;
+    good.num_experts = 2 * w;
+    good.topk = 2;
+    // Each bad desc breaks exactly one rule (the same on every rank: the constructor is collective).
+    auto with = [&](auto change) {
+      MoeFfnDesc d = good;
+      change(d);
+      return d;
+    };
+    expect_rejected([&] { MoeFfn op(team, with([&](MoeFfnDesc& d) { d.num_experts = w + 1; })); }, "num_experts");
+    expect_rejected([&] { MoeFfn op(team, with([&](MoeFfnDesc& d) { d.topk = 2 * w + 1; })); }, "topk");
+    expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.topk = 0; })); }, "topk");
+    expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.hidden = 100; })); }, "hidden");
+    expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.max_tokens = 0; })); }, "max_tokens");
+    expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.ffn = 192; })); }, "ffn");  // SwiGLU: 128 | F
+    expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.dtype = DType::kFloat16; })); }, "dtype");
+
+    MoeFfn op(team, good);
+    const int64_t t = good.max_tokens + 1, h = good.hidden, f = good.ffn;
+    const int el = good.num_experts / w;
+    const DevPtr x = dev_alloc(size_t(t * h) * 2), out = dev_alloc(size_t(t * h) * 2);
+    const DevPtr ids = upload(std::vector<int32_t>(size_t(t * good.topk), 0));
+    const DevPtr tw = upload(std::vector<float>(size_t(t * good.topk), 1.f));
+    const DevPtr w1 = dev_alloc(size_t(el * h * 2 * f) * 2), w2 = dev_alloc(size_t(el * f * h) * 2);
+    auto call = [&](int64_t n, const void* xp, void* op_out) {
+      op.run(xp, n, as<int32_t>(ids), as<float>(tw), w1.get(), w2.get(), op_out, nullptr);
+    };
+    expect_rejected([&] { call(t, x.get(), out.get()); }, "num_tokens");  // > max_tokens
+    expect_rejected([&] { call(-1, x.get(), out.get()); }, "num_tokens");
+    char* xb = static_cast<char*>(x.get());
+    EXPECT_THROW(call(8, xb + 2, out.get()), InvalidArgument) << "misaligned x";
+    EXPECT_THROW(call(8, x.get(), xb + 256), InvalidArgument) << "out overlapping x";
+    // A rejected call must leave the op usable: one valid (empty) collective call completes.
+    cudaStream_t s;
+    CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    op.run(x.get(), 0, as<int32_t>(ids), as<float>(tw), w1.get(), w2.get(), out.get(), s);
+    team.synchronize(s);
+    cudaStreamDestroy(s);
+  });
+}
+
+}  // namespace
+}  // namespace ccfuse::moe
