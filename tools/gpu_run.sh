@@ -2,9 +2,11 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [trace] [gemm_tma]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [trace] [gemm_tma]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
-#   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries)
+#   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
+#   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
+#   records when both are named in one call)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NOTE: NVLink multicast stays off everywhere (it can take the shared GPUs down).
@@ -198,6 +200,22 @@ if [[ " $what " == *" moe "* ]]; then
     --routing uniform zipf --dispatch alltoall allgather --iters 20 --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("moe serial: rc=$rc, $(wc -l < "$OUT/moe_serial.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_serial.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_serial.jsonl") FAIL (moe_serial.log)")
+fi
+if [[ " $what " == *" moe_fused "* ]]; then
+  # The fused expert-parallel MoE FFN (ccfuse::moe::MoeFfn, bench/moe_ffn_bench.cu) at EP = number
+  # of GPUs on the serial baseline's cases (Mixtral, Qwen3, DeepSeek-V3-like; 4096/8192/16384 tokens
+  # per GPU; uniform and zipf routing): whole layer, each layer alone, our grouped GEMMs without
+  # communication, fp64 spot check. Merged with the moe section's records (tools/merge_moe.py).
+  : > "$OUT/moe_fused.jsonl"
+  timeout 400 $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused.jsonl" --iters 10 --warmup 3 2>&1 \
+    | tee "$OUT/moe_fused.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("moe fused: rc=$rc, $(wc -l < "$OUT/moe_fused.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_fused.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_fused.jsonl") FAIL (moe_fused.log)")
+  if [ -f "$OUT/moe_serial.jsonl" ]; then
+    python3 tools/merge_moe.py "$OUT/moe_fused.jsonl" "$OUT/moe_serial.jsonl" --out "$OUT/moe_merged.jsonl" \
+      | tee "$OUT/moe_table.log"
+    summary+=("moe fused vs serial: $(grep -m1 '^geomean' "$OUT/moe_table.log"); $(grep -m1 '^fused/limit' "$OUT/moe_table.log") (moe_table.log)")
+  fi
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then
   # The GEMM's TMA-store epilogue (opt-in, docs/perf-notes.md) against the register epilogue

@@ -49,6 +49,10 @@ namespace ccfuse::gemm::sm90 {
 
 using namespace cute;
 
+#ifndef CCFUSE_ADDEND_BATCH
+#define CCFUSE_ADDEND_BATCH 16  // column groups of a partial tile loaded per batch (add_addends)
+#endif
+
 template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
           bool kTmaStore_ = false>
 struct Traits {
@@ -418,23 +422,31 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   }
 }
 
-__device__ __forceinline__ float2 load_pair(const cutlass::bfloat16_t* src) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
+// Two 16-bit values as one 32-bit word (the low one first, as in memory), and back to floats.
+template <class Element>
+__device__ __forceinline__ uint32_t pack_pair(Element lo, Element hi) {
+  return uint32_t(reinterpret_cast<const uint16_t&>(lo)) | (uint32_t(reinterpret_cast<const uint16_t&>(hi)) << 16);
 }
-__device__ __forceinline__ float2 load_pair(const cutlass::half_t* src) {
-  return __half22float2(*reinterpret_cast<const __half2*>(src));
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits, cutlass::bfloat16_t) {
+  return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(bits));
+}
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits, cutlass::half_t) {
+  return __half22float2(reinterpret_cast<const __half2&>(bits));
 }
 
 // Adds the epilogue's partial tiles (Epilogue::addends) into a consumer warpgroup's
-// accumulators, in fp32, same fragment layout as store_tile. Loads go in batches of kBatch
-// column groups (8 loads in flight per thread) before they are used: all 64 at once would need
-// 128 more registers than the consumers have (the kernel spilled).
+// accumulators, in fp32, same fragment layout as store_tile. The loads are latency-bound (a
+// partial tile sits in local HBM or L2, ~0.5-1 us away): each thread issues kBatch * 2 32-bit
+// loads (raw bf16/fp16 pairs, one register each) before it adds any of them. With 4 column groups
+// per batch (v1, float2 per load) the 16 batches of a tile cost ~1 us each and the own-band tiles
+// of gemm_rs spent ~17 us each in here (tile traces, 2026-11-29); 16 groups per batch cut that to 4
+// batches at 32 registers.
 template <class Traits, class Epilogue, class Accum>
 __device__ __forceinline__ void add_addends(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                             Accum& accum, int consumer_idx, const TileWork& w) {
   using Element = typename Traits::Element;
   constexpr int kBN = Traits::kBlockN;
-  constexpr int kBatch = 4;
+  constexpr int kBatch = CCFUSE_ADDEND_BATCH;
   static_assert((kBN / 8) % kBatch == 0, "column groups in whole batches");
   static_assert(Epilogue::kAct == Activation::kNone, "addends are summed before the store, without activation");
   const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
@@ -449,20 +461,19 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
     const bool pairs = (ld & 1) == 0;
     CUTE_UNROLL
     for (int j0 = 0; j0 < kBN / 8; j0 += kBatch) {
-      float2 v[kBatch][2];
+      uint32_t v[kBatch][2];
       CUTE_UNROLL
       for (int jj = 0; jj < kBatch; ++jj) {
         const int j = j0 + jj, col = col0 + 8 * j;
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          v[jj][h] = make_float2(0.f, 0.f);
+          v[jj][h] = 0u;  // +0.0 twice
           if (!row_ok[h]) continue;
           const Element* src = base + h * 8 * ld + 8 * j;
           if (pairs && col + 1 < p.n) {
-            v[jj][h] = load_pair(src);
+            v[jj][h] = *reinterpret_cast<const uint32_t*>(src);
           } else {
-            if (col < p.n) v[jj][h].x = float(src[0]);
-            if (col + 1 < p.n) v[jj][h].y = float(src[1]);
+            v[jj][h] = pack_pair(col < p.n ? src[0] : Element(0.f), col + 1 < p.n ? src[1] : Element(0.f));
           }
         }
       }
@@ -470,8 +481,9 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
       for (int jj = 0; jj < kBatch; ++jj) {
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          accum(4 * (j0 + jj) + 2 * h) += v[jj][h].x;
-          accum(4 * (j0 + jj) + 2 * h + 1) += v[jj][h].y;
+          const float2 f = unpack_pair(v[jj][h], Element{});
+          accum(4 * (j0 + jj) + 2 * h) += f.x;
+          accum(4 * (j0 + jj) + 2 * h + 1) += f.y;
         }
       }
     }
