@@ -58,6 +58,7 @@ if [[ " $what " == *" tp "* ]]; then
               "gemm_rs 1024 8192 28672" \
               "gemm_ar 8192 8192 28672" "gemm_ar 4096 4096 14336" "gemm_ar 1024 8192 28672"; do
     set -- $spec
+    [[ -n "${CCFUSE_TP_ONLY:-}" && "$1" != "$CCFUSE_TP_ONLY" ]] && continue  # one op only (A/B of a build)
     timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --dtype bf16 --json "$OUT/tp_baselines.jsonl" \
       2>&1 | tee -a "$OUT/tp_baselines.log"
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
@@ -71,8 +72,11 @@ if [[ " $what " == *" tp "* ]]; then
     set -- $spec; peer_shapes+=(--shape "$1,$2,$3,$4")
   done
   ngpu=$(nvidia-smi -L | wc -l)
-  timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_async_tp_bench.py \
-    --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" > "$OUT/tp_peer.log" 2>&1 || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
+  [[ -n "${CCFUSE_TP_ONLY:-}" ]] && peer_shapes=()
+  if [[ ${#peer_shapes[@]} -gt 0 ]]; then
+    timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_async_tp_bench.py \
+      --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" > "$OUT/tp_peer.log" 2>&1 || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
+  fi
   [ -s "$OUT/tp_peer.jsonl" ] && python3 tools/merge_tp_peer.py "$OUT/tp_baselines.jsonl" "$OUT/tp_peer.jsonl" \
     | tee "$OUT/tp_table.log"
   summary+=("tp bench: see tp_baselines.log and tp_table.log")
