@@ -199,9 +199,12 @@ if [[ " $what " == *" moe "* ]]; then
   # and all-gather dispatch: whole layer, expert GEMMs and communication alone, fp64 check.
   : > "$OUT/moe_serial.jsonl"
   ngpu=$(nvidia-smi -L | wc -l)
-  timeout 500 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_layer_bench.py \
+  # CCFUSE_MOE_DISPATCH: the serial dispatch modes to time (default both; the fused op is
+  # all-to-all only, so "alltoall" saves device time when only the comparison is wanted).
+  timeout ${CCFUSE_MOE_TIMEOUT:-500} python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_layer_bench.py \
     --json "$OUT/moe_serial.jsonl" --model mixtral qwen3 deepseek --tokens 4096 8192 16384 \
-    --routing uniform zipf --dispatch alltoall allgather --iters 20 --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
+    --routing uniform zipf --dispatch ${CCFUSE_MOE_DISPATCH:-alltoall allgather} --iters ${CCFUSE_MOE_ITERS:-20} \
+    --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("moe serial: rc=$rc, $(wc -l < "$OUT/moe_serial.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_serial.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_serial.jsonl") FAIL (moe_serial.log)")
 fi
@@ -211,7 +214,7 @@ if [[ " $what " == *" moe_fused "* ]]; then
   # per GPU; uniform and zipf routing): whole layer, each layer alone, our grouped GEMMs without
   # communication, fp64 spot check. Merged with the moe section's records (tools/merge_moe.py).
   : > "$OUT/moe_fused.jsonl"
-  timeout 400 $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused.jsonl" --iters 10 --warmup 3 2>&1 \
+  timeout ${CCFUSE_MOE_TIMEOUT:-400} $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused.jsonl" --iters 10 --warmup 3 2>&1 \
     | tee "$OUT/moe_fused.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("moe fused: rc=$rc, $(wc -l < "$OUT/moe_fused.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_fused.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_fused.jsonl") FAIL (moe_fused.log)")

@@ -9,7 +9,6 @@
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "ccfuse/moe/dispatch_gpu.h"
 #include "ccfuse/moe/dispatch_plan.h"
-#include "src/tp/tile_copy.cuh"
 
 namespace ccfuse::moe {
 
@@ -178,15 +177,36 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       const int64_t r0 = (u - base[lo]) * int64_t(kChunkRows);
       const int64_t cnt = rows_base[lo + 1] - rows_base[lo];
       const int64_t rows = min(int64_t(kChunkRows), cnt - r0);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t entry = send_list[rows_base[lo] + r0 + r];
-        const int64_t dest = block_begin[xg] + r0 + r;
-        tp::copy_contiguous(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, row_bytes,
-                            tid, num_threads);
-        if (tid == 0) {
-          row_src[owner][dest] = make_int2(geo.rank, entry);
-          row_w[owner][dest] = topk_w[entry];
+      const int32_t* entries = send_list + rows_base[lo] + r0;
+      const int64_t dest0 = block_begin[xg] + r0;
+      E* const to = recv[owner] + dest0 * geo.hidden;  // the unit's rows are contiguous there
+      // The unit as one flat range of 16-byte pieces, four loads in flight per thread before
+      // their stores (row by row, a thread had one piece of a row in flight: latency-bound).
+      const int vecs = int(row_bytes / 16);
+      const int64_t total = rows * vecs;
+      int64_t i = tid;
+      for (; i + 3 * num_threads < total; i += 4 * num_threads) {
+        int4 v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t j = i + q * num_threads, r = j / vecs;
+          v[q] = reinterpret_cast<const int4*>(x + int64_t(entries[r] / geo.topk) * geo.hidden)[j - r * vecs];
         }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t j = i + q * num_threads, r = j / vecs;
+          reinterpret_cast<int4*>(to + r * geo.hidden)[j - r * vecs] = v[q];
+        }
+      }
+      for (; i < total; i += num_threads) {
+        const int64_t r = i / vecs;
+        reinterpret_cast<int4*>(to + r * geo.hidden)[i - r * vecs] =
+            reinterpret_cast<const int4*>(x + int64_t(entries[r] / geo.topk) * geo.hidden)[i - r * vecs];
+      }
+      for (int64_t r = tid; r < rows; r += num_threads) {
+        const int32_t entry = entries[r];
+        row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
+        row_w[owner][dest0 + r] = topk_w[entry];
       }
       asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
       if (tid == 0) comm::notify(sig, owner, geo.chunk_flag(geo.rank, int(u)), e);

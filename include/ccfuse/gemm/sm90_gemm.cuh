@@ -50,7 +50,7 @@ namespace ccfuse::gemm::sm90 {
 using namespace cute;
 
 #ifndef CCFUSE_ADDEND_BATCH
-#define CCFUSE_ADDEND_BATCH 16  // column groups of a partial tile loaded per batch (add_addends)
+#define CCFUSE_ADDEND_BATCH 8  // column groups of a partial tile loaded per batch (add_addends)
 #endif
 
 template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
@@ -439,8 +439,9 @@ __device__ __forceinline__ float2 unpack_pair(uint32_t bits, cutlass::half_t) {
 // partial tile sits in local HBM or L2, ~0.5-1 us away): each thread issues kBatch * 2 32-bit
 // loads (raw bf16/fp16 pairs, one register each) before it adds any of them. With 4 column groups
 // per batch (v1, float2 per load) the 16 batches of a tile cost ~1 us each and the own-band tiles
-// of gemm_rs spent ~17 us each in here (tile traces, 2026-11-29); 16 groups per batch cut that to 4
-// batches at 32 registers.
+// of gemm_rs spent ~17 us each in here (tile traces, 2026-11-29). 8 and 16 groups per batch
+// measured the same (2026-11-29, gemm_rs at TP = 2: within 1-2 %, both ~9 % faster than v1 on
+// 8192x4096x6144); 8 spills less.
 template <class Traits, class Epilogue, class Accum>
 __device__ __forceinline__ void add_addends(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                             Accum& accum, int consumer_idx, const TileWork& w) {
