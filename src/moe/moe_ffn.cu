@@ -2,6 +2,8 @@
 #include "ccfuse/moe/moe_ffn.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "ccfuse/comm/signals.cuh"
@@ -40,6 +42,12 @@ struct Plan {  // device arrays derived from the counts matrix (written by excha
   int64_t* done_count;   // [W] layer 1: row-tiles of source s sent so far (zeroed per call)
 };
 
+// a[i] for a register array of 4 and a warp-uniform i (no local-memory indexing).
+template <class T>
+__device__ __forceinline__ T select4(const T (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+
 struct Geometry {
   int world = 1, rank = 0, experts = 1, epr = 1, topk = 1;
   int64_t hidden = 0, max_chunks = 0;
@@ -65,34 +73,69 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     ok = comm::wait(sig, threadIdx.x, e, threadIdx.x);
   }
   if (!__syncthreads_and(ok ? 1 : 0)) return;  // watchdog: the host raises TimeoutError
-  if (threadIdx.x != 0) return;
+  // The matrix in shared memory, then every derived array in parallel (a single thread walking
+  // DispatchPlan's O(E) helpers per expert cost ~1 ms at E = 256).
+  extern __shared__ int32_t smem_counts[];  // [W][E], then expert rows [E]
+  int32_t* cnt = smem_counts;
+  int32_t* erows = smem_counts + g.world * g.experts;
   const int32_t* counts = counts_peers[g.rank];
-  DispatchPlan dp{counts, g.world, g.experts};
-  for (int x = 0; x < g.epr; ++x) plan.group_rows[x] = int32_t(dp.expert_rows(g.rank * g.epr + x));
-  gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles0, kBlockM, max_rows, plan.tile_prefix0, plan.row_prefix,
-                             nullptr);
-  gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles1, kBlockM, max_rows, plan.tile_prefix1, plan.row_prefix,
-                             nullptr);
-  for (int s = 0; s < g.world; ++s) {
+  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) cnt[i] = counts[i];
+  __syncthreads();
+  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
+    int32_t r = 0;
+    for (int q = 0; q < g.world; ++q) r += cnt[q * g.experts + x];
+    erows[x] = r;
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
+    // block_begin(rank, x): x's first row on its owner, then the sources rotated from the owner.
+    const int owner = x / g.epr;
+    int64_t row = 0;
+    for (int e2 = owner * g.epr; e2 < x; ++e2) row += erows[e2];
+    for (int i = 0; i < (g.rank - owner + g.world) % g.world; ++i) row += cnt[((owner + i) % g.world) * g.experts + x];
+    plan.block_begin[x] = row;
+    if (owner == g.rank) plan.group_rows[x - owner * g.epr] = erows[x];
+  }
+  if (threadIdx.x < g.world) {
+    const int src = threadIdx.x;
     int c = 0;
     for (int i = 0; i < g.experts; ++i) {
-      plan.chunk_base[s * (g.experts + 1) + i] = c;
-      c += (dp.count(s, g.rot_expert(s, i)) + kChunkRows - 1) / kChunkRows;
+      plan.chunk_base[src * (g.experts + 1) + i] = c;
+      c += (cnt[src * g.experts + g.rot_expert(src, i)] + kChunkRows - 1) / kChunkRows;
     }
-    plan.chunk_base[s * (g.experts + 1) + g.experts] = c;
+    plan.chunk_base[src * (g.experts + 1) + g.experts] = c;
+    int64_t from_src = 0;
+    for (int x = 0; x < g.epr; ++x) from_src += cnt[src * g.experts + g.rank * g.epr + x];
+    plan.target[src] = from_src * n_tiles1;
+  } else if (threadIdx.x == 32) {
+    int64_t rows = 0;
+    for (int i = 0; i < g.experts; ++i) {
+      plan.rows_base[i] = rows;
+      rows += cnt[g.rank * g.experts + g.rot_expert(g.rank, i)];
+    }
+    plan.rows_base[g.experts] = rows;
   }
-  int64_t rows = 0;
-  for (int i = 0; i < g.experts; ++i) {
-    plan.rows_base[i] = rows;
-    rows += dp.count(g.rank, g.rot_expert(g.rank, i));
+  __syncthreads();  // group_rows written
+  if (threadIdx.x == 0)
+    gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles0, kBlockM, max_rows, plan.tile_prefix0, plan.row_prefix,
+                               nullptr);
+  else if (threadIdx.x == 64)
+    gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles1, kBlockM, max_rows, plan.tile_prefix1, nullptr,
+                               nullptr);
+}
+
+// counts_row[x] = this rank's entries routed to expert x (ids outside [0, E) are not counted):
+// one CTA, a shared-memory histogram (dispatch_counts_gpu sorts, which the counts do not need).
+__global__ void count_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* counts_row) {
+  extern __shared__ int32_t hist[];
+  for (int x = threadIdx.x; x < experts; x += blockDim.x) hist[x] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < entries; i += blockDim.x) {
+    const int x = topk_ids[i];
+    if (x >= 0 && x < experts) atomicAdd(&hist[x], 1);
   }
-  plan.rows_base[g.experts] = rows;
-  for (int x = 0; x < g.experts; ++x) plan.block_begin[x] = dp.block_begin(g.rank, x);
-  for (int s = 0; s < g.world; ++s) {
-    int64_t from_s = 0;
-    for (int x = 0; x < g.epr; ++x) from_s += dp.count(s, g.rank * g.epr + x);
-    plan.target[s] = from_s * n_tiles1;
-  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < experts; x += blockDim.x) counts_row[x] = hist[x];
 }
 
 // send_list[rows_base[rot(e)] + (position - block_begin[e])] = entry: this rank's entries in
@@ -117,7 +160,9 @@ struct L0Schedule : gemm::sm90::GroupedSchedule {
   const int* chunk_base = nullptr;
   comm::DeviceSignals sig{};
   epoch_t epoch = 0;
+  bool diag_no_wait = false;  // CCFUSE_MOE_DIAG=nowait: timing experiments only (wrong results)
   __device__ bool wait_ready(const gemm::TileWork& w) {
+    if (diag_no_wait) return true;
     if (epoch == 0) epoch = comm::current_epoch(sig);
     const int x = geo.rank * geo.epr + w.group;
     const int64_t lo = w.row0 - row_prefix[w.group];
@@ -161,7 +206,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   __device__ bool sends(const gemm::TileWork&) const { return false; }
   __device__ void send(const gemm::TileWork&, int, int) const {}
   __device__ void notify_sent(const gemm::TileWork&) const {}
+  bool diag_no_send = false;  // CCFUSE_MOE_DIAG=nosend: timing experiments only (wrong results)
   __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
+    if (diag_no_send) return;
     const epoch_t e = comm::current_epoch(sig);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
     const int total = base[geo.experts];
@@ -180,33 +227,33 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       const int32_t* entries = send_list + rows_base[lo] + r0;
       const int64_t dest0 = block_begin[xg] + r0;
       E* const to = recv[owner] + dest0 * geo.hidden;  // the unit's rows are contiguous there
-      // The unit as one flat range of 16-byte pieces, four loads in flight per thread before
-      // their stores (row by row, a thread had one piece of a row in flight: latency-bound).
+      // A warp per row, eight 16-byte loads in flight per lane before their stores; the unit's
+      // entries are loaded once (lane l holds rows l, l + 32, ...) and broadcast by shuffles.
+      // (Row by row with the whole group, or flat with 4 loads in flight, the copy was
+      // latency-bound: ~3-4 GB/s per SM.)
+      const int warp = tid / 32, lane = tid % 32, warps = num_threads / 32;
+      int32_t mine[kChunkRows / 32];
+#pragma unroll
+      for (int q = 0; q < kChunkRows / 32; ++q) mine[q] = lane + 32 * q < rows ? entries[lane + 32 * q] : 0;
       const int vecs = int(row_bytes / 16);
-      const int64_t total = rows * vecs;
-      int64_t i = tid;
-      for (; i + 3 * num_threads < total; i += 4 * num_threads) {
-        int4 v[4];
+      for (int r = warp; r < rows; r += warps) {
+        const int32_t held = select4(mine, r / 32);
+        const int32_t entry = __shfl_sync(0xffffffffu, held, r % 32);
+        const int4* from = reinterpret_cast<const int4*>(x + int64_t(entry / geo.topk) * geo.hidden);
+        int4* dst = reinterpret_cast<int4*>(to + int64_t(r) * geo.hidden);
+        for (int c0 = lane; c0 < vecs; c0 += 8 * 32) {
+          int4 v[8];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t j = i + q * num_threads, r = j / vecs;
-          v[q] = reinterpret_cast<const int4*>(x + int64_t(entries[r] / geo.topk) * geo.hidden)[j - r * vecs];
-        }
+          for (int u = 0; u < 8; ++u)
+            if (c0 + 32 * u < vecs) v[u] = from[c0 + 32 * u];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t j = i + q * num_threads, r = j / vecs;
-          reinterpret_cast<int4*>(to + r * geo.hidden)[j - r * vecs] = v[q];
+          for (int u = 0; u < 8; ++u)
+            if (c0 + 32 * u < vecs) dst[c0 + 32 * u] = v[u];
         }
-      }
-      for (; i < total; i += num_threads) {
-        const int64_t r = i / vecs;
-        reinterpret_cast<int4*>(to + r * geo.hidden)[i - r * vecs] =
-            reinterpret_cast<const int4*>(x + int64_t(entries[r] / geo.topk) * geo.hidden)[i - r * vecs];
-      }
-      for (int64_t r = tid; r < rows; r += num_threads) {
-        const int32_t entry = entries[r];
-        row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
-        row_w[owner][dest0 + r] = topk_w[entry];
+        if (lane == 0) {
+          row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
+          row_w[owner][dest0 + r] = topk_w[entry];
+        }
       }
       asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
       if (tid == 0) comm::notify(sig, owner, geo.chunk_flag(geo.rank, int(u)), e);
@@ -229,30 +276,33 @@ struct L1Epilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone
   int64_t* done_count = nullptr;
 
   __device__ bool sends(const gemm::TileWork&) const { return true; }
+  // A warp per tile row (256 columns = 512 bytes = one 16-byte piece per lane), eight rows in
+  // flight per warp; the rows' (source, entry) are loaded once per tile and broadcast.
   __device__ void send(const gemm::TileWork& w, int tid, int num_threads) const {
-    const int64_t rows = min(int64_t(kBlockM), w.row_end - w.row0);
+    static_assert(kBlockN * sizeof(E) == 32 * 16, "one 16-byte piece per lane per tile row");
+    static_assert(kBlockM == 128, "four rows' sources per lane");
+    const int rows = int(min(int64_t(kBlockM), w.row_end - w.row0));
     const int64_t col0 = int64_t(w.n_tile) * kBlockN;
-    constexpr int kVecs = kBlockN * int(sizeof(E)) / 16;  // 16-byte pieces per tile row (H % 256 == 0)
-    const int64_t total = rows * kVecs;
-    int64_t i = tid;
-    for (; i + 3 * num_threads < total; i += 4 * num_threads) {
-      int4 v[4];
-      int4* dst[4];
+    const int warp = tid / 32, lane = tid % 32, warps = num_threads / 32;
+    int32_t src_rank[4], src_entry[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int64_t j = i + q * num_threads, r = w.row0 + j / kVecs;
-        const int2 src = row_src[r];
-        v[q] = reinterpret_cast<const int4*>(y + r * geo.hidden + col0)[j % kVecs];
-        dst[q] = reinterpret_cast<int4*>(slots[src.x] + int64_t(src.y) * geo.hidden + col0) + j % kVecs;
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) *dst[q] = v[q];
+    for (int q = 0; q < 4; ++q) {
+      const int2 v = lane + 32 * q < rows ? row_src[w.row0 + lane + 32 * q] : make_int2(0, 0);
+      src_rank[q] = v.x;
+      src_entry[q] = v.y;
     }
-    for (; i < total; i += num_threads) {
-      const int64_t r = w.row0 + i / kVecs;
-      const int2 src = row_src[r];
-      reinterpret_cast<int4*>(slots[src.x] + int64_t(src.y) * geo.hidden + col0)[i % kVecs] =
-          reinterpret_cast<const int4*>(y + r * geo.hidden + col0)[i % kVecs];
+    for (int r0 = warp * 8; r0 < rows; r0 += warps * 8) {
+      int4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (r0 + u < rows) v[u] = reinterpret_cast<const int4*>(y + (w.row0 + r0 + u) * geo.hidden + col0)[lane];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int r = r0 + u;  // warp-uniform
+        const int rank = __shfl_sync(0xffffffffu, select4(src_rank, (r / 32) & 3), r % 32);
+        const int entry = __shfl_sync(0xffffffffu, select4(src_entry, (r / 32) & 3), r % 32);
+        if (r < rows) reinterpret_cast<int4*>(slots[rank] + int64_t(entry) * geo.hidden + col0)[lane] = v[u];
+      }
     }
   }
   __device__ void notify_sent(const gemm::TileWork& w) const {
@@ -362,6 +412,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(w <= kMaxMoeRanks, "moe_ffn: world size ", w, " exceeds ", kMaxMoeRanks);
   CCFUSE_ARG_CHECK(d.max_tokens > 0, "max_tokens ", d.max_tokens, " must be positive");
   CCFUSE_ARG_CHECK(d.num_experts >= 1, "num_experts ", d.num_experts, " must be at least 1");
+  CCFUSE_ARG_CHECK(d.num_experts <= 1024, "num_experts ", d.num_experts, " exceeds 1024 (the counts matrix of the "
+                   "exchange kernel lives in shared memory)");
   CCFUSE_ARG_CHECK(d.num_experts % w == 0, "num_experts ", d.num_experts, " is not divisible by the world size ", w,
                    " (experts are split evenly over the ranks)");
   CCFUSE_ARG_CHECK(d.topk >= 1 && d.topk <= d.num_experts, "topk ", d.topk, " must be in [1, num_experts = ",
@@ -432,6 +484,7 @@ std::string MoeFfn::describe() const {
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
      << " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum b=" << gemm::b_layout_name(d.b_layout);
+  if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
 
@@ -478,13 +531,13 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   s.num_tokens = num_tokens;
   s.sig->begin_call(stream);
   CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
-  if (num_tokens > 0)
-    dispatch_counts_gpu(topk_ids, num_tokens, d.topk, d.num_experts, s.counts_row, s.dispatch_ws, stream);
-  else
-    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
+  count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, num_tokens * d.topk, d.num_experts,
+                                                                s.counts_row);
+  CCFUSE_CUDA_CHECK_LAUNCH();
   const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / kBlockN);
-  exchange_kernel<<<1, 256, 0, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan, n_tiles0,
-                                         n_tiles1, s.max_rows);
+  const size_t exchange_smem = size_t(s.geo.world + 1) * d.num_experts * 4;
+  exchange_kernel<<<1, 256, exchange_smem, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan,
+                                                     n_tiles0, n_tiles1, s.max_rows);
   CCFUSE_CUDA_CHECK_LAUNCH();
   const int32_t* counts_local = static_cast<const int32_t*>(s.counts->local());
   if (num_tokens > 0) {
@@ -506,8 +559,14 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.counts = counts_local;
   sched.chunk_base = s.plan.chunk_base;
   sched.sig = s.sig->device();
+  // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
+  // "nosend" (no dispatch; implies nowait). The results are wrong then.
+  const char* diag = std::getenv("CCFUSE_MOE_DIAG");
+  const bool no_send = diag != nullptr && std::strstr(diag, "nosend") != nullptr;
+  sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   auto fill = [&](auto& epi) {
+    epi.diag_no_send = no_send;
     epi.geo = s.geo;
     epi.sig = sched.sig;
     epi.x = static_cast<const E*>(x);

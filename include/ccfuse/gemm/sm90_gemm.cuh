@@ -187,7 +187,7 @@ struct GroupedSchedule {
 
 
 // One thread: GroupedSchedule's prefix sums of rows and tiles per group from per-group row counts
-// (device memory); rows past `max_rows` are dropped (and counted in *overflow, when not null) so
+// (device memory; row_prefix may be null); rows past `max_rows` are dropped (and counted in *overflow, when not null) so
 // that no tile reads or writes past the buffers.
 __device__ inline void grouped_prefix(const int* group_rows, int num_groups, int n_tiles, int block_m,
                                       int64_t max_rows, int* tile_prefix, int64_t* row_prefix, int* overflow) {
@@ -195,7 +195,7 @@ __device__ inline void grouped_prefix(const int* group_rows, int num_groups, int
   int tiles = 0;
   int dropped = 0;
   for (int g = 0; g < num_groups; ++g) {
-    row_prefix[g] = rows;
+    if (row_prefix) row_prefix[g] = rows;
     tile_prefix[g] = tiles;
     int r = group_rows[g] < 0 ? 0 : group_rows[g];
     if (rows + r > max_rows) {
@@ -205,7 +205,7 @@ __device__ inline void grouped_prefix(const int* group_rows, int num_groups, int
     rows += r;
     tiles += ((r + block_m - 1) / block_m) * n_tiles;
   }
-  row_prefix[num_groups] = rows;
+  if (row_prefix) row_prefix[num_groups] = rows;
   tile_prefix[num_groups] = tiles;
   if (overflow) *overflow = dropped;
 }
