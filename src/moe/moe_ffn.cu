@@ -274,8 +274,9 @@ struct L1Epilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone
   E* slots[kMaxMoeRanks] = {};
   int64_t* target = nullptr;
   int64_t* done_count = nullptr;
+  bool diag_no_send = false;  // CCFUSE_MOE_DIAG=l1nosend: timing experiments only (wrong results)
 
-  __device__ bool sends(const gemm::TileWork&) const { return true; }
+  __device__ bool sends(const gemm::TileWork&) const { return !diag_no_send; }
   // A warp per tile row (256 columns = 512 bytes = one 16-byte piece per lane), eight rows in
   // flight per warp; the rows' (source, entry) are loaded once per tile and broadcast.
   __device__ void send(const gemm::TileWork& w, int tid, int num_threads) const {
@@ -327,7 +328,7 @@ struct L1Epilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone
     if (cta != 0 || tid != 0) return;
     const epoch_t e = comm::current_epoch(sig);
     for (int s = 0; s < geo.world; ++s)
-      if (target[s] == 0) comm::notify(sig, s, geo.done_flag(geo.rank), e);
+      if (target[s] == 0 || diag_no_send) comm::notify(sig, s, geo.done_flag(geo.rank), e);
   }
 };
 
@@ -562,7 +563,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
   // "nosend" (no dispatch; implies nowait). The results are wrong then.
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
-  const bool no_send = diag != nullptr && std::strstr(diag, "nosend") != nullptr;
+  const bool no_send = diag != nullptr && (std::strncmp(diag, "nosend", 6) == 0 || std::strstr(diag, ",nosend") != nullptr);
   sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   auto fill = [&](auto& epi) {
@@ -625,6 +626,8 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
   for (int r = 0; r < s.geo.world; ++r) epi.slots[r] = static_cast<E*>(s.slots->peer(r));
   epi.target = s.plan.target;
   epi.done_count = s.plan.done_count;
+  const char* diag = std::getenv("CCFUSE_MOE_DIAG");
+  epi.diag_no_send = diag != nullptr && std::strstr(diag, "l1nosend") != nullptr;
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   using gemm::sm90::Traits;
   if (d.b_layout == gemm::BLayout::kNK)
