@@ -20,6 +20,17 @@ __global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int
 }
 
 
+// C = bf16/fp16(sum of the split_k fp32 slices of ws [splits][m][n]).
+template <class E>
+__global__ void split_reduce_kernel(const float* ws, int splits, int64_t m, int64_t n, E* c, int64_t ldc) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < splits; ++s) acc += ws[s * total + i];
+    c[(i / n) * ldc + i % n] = E(acc);
+  }
+}
+
 int64_t lda_of(const GemmDesc& d) { return d.lda ? d.lda : d.k; }
 int64_t ldb_of(const GemmDesc& d) { return d.ldb ? d.ldb : (d.b_layout == BLayout::kKN ? d.n : d.k); }
 int64_t ldc_of(const GemmDesc& d) { return d.ldc ? d.ldc : d.n; }
@@ -70,6 +81,33 @@ void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
   else launch_grouped<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, rows, ws, overflow, s);
 }
 
+template <class Traits>
+void launch_split(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, float* ws,
+                  cudaStream_t stream) {
+  sm90::SplitKSchedule sched;
+  sched.base = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
+                                    cfg.order == TileOrder::kColumnMajor);
+  sched.splits = cfg.split_k;
+  sched.k_tiles = int(ceil_div(d.k, cfg.block_k));
+  sm90::SplitKEpilogue epi;
+  epi.ws = ws;
+  epi.ld = d.n;
+  epi.split_stride = d.m * d.n;
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
+  sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, epi, sms, stream);
+  using E = typename Traits::Element;
+  const int blocks = int(std::min<int64_t>(ceil_div(d.m * d.n, 256), 8 * int64_t(sms)));
+  split_reduce_kernel<E><<<blocks, 256, 0, stream>>>(ws, cfg.split_k, d.m, d.n, static_cast<E*>(c), ldc_of(d));
+  CCFUSE_CUDA_CHECK_LAUNCH();
+}
+
+template <class E, int BM, int BN, int BK, int S>
+void launch_split_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, float* ws,
+                         cudaStream_t s) {
+  if (d.b_layout == BLayout::kNK) launch_split<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, ws, s);
+  else launch_split<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, ws, s);
+}
+
 template <class E, int BM, int BN, int BK, int S, bool kTma = false>
 void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
   const bool nk = d.b_layout == BLayout::kNK;
@@ -83,8 +121,12 @@ void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, cons
 }
 
 template <class E>
-void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
-  if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
+void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, float* ws,
+                  cudaStream_t s) {
+  if (cfg.split_k > 1) {
+    if (cfg.block_n == 256) launch_split_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
+    else launch_split_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
+  } else if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
   else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
   else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
 }
@@ -137,6 +179,11 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
   CCFUSE_ARG_CHECK(cfg.group_m >= 1, "group_m ", cfg.group_m, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, "cluster_m ", cfg.cluster_m, " must be 1 or 2");
+  const int64_t k_blocks = ceil_div(d.k, cfg.block_k);
+  CCFUSE_ARG_CHECK(cfg.split_k >= 1 && cfg.split_k <= 16 && cfg.split_k <= k_blocks, "split_k ", cfg.split_k,
+                   " must be in [1, min(16, k / block_k = ", k_blocks, ")]");
+  CCFUSE_ARG_CHECK(cfg.split_k == 1 || (!cfg.tma_store && cfg.cluster_m == 1),
+                   "split_k > 1 is built without tma_store and with cluster_m 1");
 }
 
 GemmConfig choose_config(const GemmDesc& d, int num_sms) {
@@ -170,6 +217,32 @@ GemmConfig choose_config(const GemmDesc& d, int num_sms) {
   best.num_sms = sms;
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair.
   best.cluster_m = ceil_div(d.m, best.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  // Split-K where it fills the waves better: s parts per tile (each at least 4 k-blocks, fp32
+  // partials at most 32 MiB so that the reduction reads them from L2), the register epilogue's
+  // tile efficiency, each extra part priced at 4 % (partial stores and the reduction).
+  {
+    double split_score = best_score;
+    for (const auto& t : kTileShapes) {
+      const int64_t tiles = ceil_div(d.m, t.block_m) * ceil_div(d.n, t.block_n);
+      const int64_t k_blocks = ceil_div(d.k, t.block_k);
+      for (int s = 2; s <= 16; ++s) {
+        if (k_blocks < 4 * s || double(s) * d.m * d.n * 4 > 32.0 * (1 << 20)) break;
+        const double units = double(tiles * s);
+        const double fill = units / (std::ceil(units / sms) * sms);
+        const double score = fill * (t.block_n == 256 ? 0.92 : 0.85) * (1.0 - 0.04 * (s - 1));
+        if (score > split_score + 1e-9) {
+          split_score = score;
+          best.block_m = t.block_m;
+          best.block_n = t.block_n;
+          best.block_k = t.block_k;
+          best.stages = t.stages;
+          best.tma_store = false;
+          best.cluster_m = 1;
+          best.split_k = s;
+        }
+      }
+    }
+  }
   return best;
 }
 
@@ -177,7 +250,8 @@ std::string to_string(const GemmConfig& c) {
   std::ostringstream os;
   os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
      << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m
-     << " cluster=" << c.cluster_m << (c.tma_store ? " epilogue=tma_store" : "");
+     << " cluster=" << c.cluster_m << (c.tma_store ? " epilogue=tma_store" : "")
+     << (c.split_k > 1 ? " split_k=" + std::to_string(c.split_k) : std::string());
   return os.str();
 }
 
@@ -192,13 +266,44 @@ void tile_coord(const GemmDesc& d, const GemmConfig& c, int64_t idx, int64_t* m_
   *n_tile = t.n_tile;
 }
 
-void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* stream) {
+size_t workspace_bytes(const GemmDesc& d, const GemmConfig& cfg) {
+  return cfg.split_k > 1 ? size_t(cfg.split_k) * size_t(d.m * d.n) * sizeof(float) : 0;
+}
+
+namespace {
+// The per-device split-K workspace of run() without one (grown, never shrunk; freed at exit).
+void* cached_workspace(size_t bytes) {
+  static std::mutex mu;
+  static std::vector<std::pair<void*, size_t>> per_device;
+  int dev = 0;
+  CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (per_device.size() <= size_t(dev)) per_device.resize(size_t(dev) + 1, {nullptr, 0});
+  auto& slot = per_device[size_t(dev)];
+  if (slot.second < bytes) {
+    if (slot.first != nullptr) CCFUSE_CUDA_CHECK(cudaFree(slot.first));
+    slot = {nullptr, 0};
+    CCFUSE_CUDA_CHECK(cudaMalloc(&slot.first, bytes));
+    slot.second = bytes;
+  }
+  return slot.first;
+}
+}  // namespace
+
+void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* stream,
+         void* workspace) {
   validate(d, cfg);
   for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+  float* ws = nullptr;
+  if (cfg.split_k > 1) {
+    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "workspace (", workspace,
+                     ") must be 16-byte aligned");
+    ws = static_cast<float*>(workspace != nullptr ? workspace : cached_workspace(workspace_bytes(d, cfg)));
+  }
   auto s = static_cast<cudaStream_t>(stream);
-  if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, s);
-  else launch_dtype<cutlass::half_t>(d, cfg, a, b, c, s);
+  if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, ws, s);
+  else launch_dtype<cutlass::half_t>(d, cfg, a, b, c, ws, s);
 }
 
 namespace {
@@ -209,6 +314,7 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(!cfg.tma_store, "tma_store is not supported by the grouped GEMM (a tile's rows may cross groups)");
+  CCFUSE_ARG_CHECK(cfg.split_k == 1, "split_k ", cfg.split_k, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
   validate(as_plain(d), cfg);
 }
@@ -216,6 +322,7 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
 GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms) {
   GemmConfig c = choose_config(as_plain(d), num_sms);
   c.cluster_m = 1;  // CTA pairs would straddle group boundaries
+  c.split_k = 1;    // the grouped GEMM has no split-K
   if (c.tma_store) {  // a tile's rows may cross groups: stores from registers, clipped per group
     const TileShape& t = kTileShapes[0];
     c.stages = t.stages;

@@ -203,6 +203,7 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.block_k = 64;
     cfg.stages = 3;
     cfg.tma_store = true;
+    cfg.split_k = 1;
   }
   gemm::validate(desc, cfg);
   return cfg;

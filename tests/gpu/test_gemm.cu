@@ -28,12 +28,13 @@ struct Case {
   bool col_major;
   int cluster = 0;  // 1 or 2; 0 = choose_config's
   bool tma_store = false;  // the TMA-store epilogue (128x256x64, 3 stages)
+  int split_k = 0;         // > 0: forced split-K parts; 0 = choose_config's
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
                          c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster,
-                         c.tma_store ? "_tma" : "");
+                         c.tma_store ? "_tma" : "", c.split_k ? detail::str_cat("_split", c.split_k) : "");
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -114,8 +115,18 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   if (c.block_n == 128) cfg = GemmConfig{128, 128, 64, 6, cfg.num_sms};
   if (c.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, cfg.num_sms};
   cfg.order = c.col_major ? TileOrder::kColumnMajor : TileOrder::kRowMajor;
-  if (c.cluster) cfg.cluster_m = c.cluster;
+  if (c.cluster) {
+    cfg.cluster_m = c.cluster;
+    cfg.split_k = 1;
+  }
+  if (c.split_k) {
+    cfg.split_k = c.split_k;
+    cfg.cluster_m = 1;
+    cfg.tma_store = false;
+    if (cfg.block_n == 256) cfg.stages = 4;
+  }
   if (c.tma_store) {
+    cfg.split_k = 1;
     cfg.block_n = 256;
     cfg.stages = 3;
     cfg.tma_store = true;
@@ -159,6 +170,15 @@ std::vector<Case> cases() {
       }
   out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kNK, 256, 0, false, 2, true});
   out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kNK, 256, 100, true, 1, true});
+  // Split-K: partial tiles, M < 64, both layouts and dtypes, column order, an odd SM budget with
+  // an odd ldc, the most parts (16 of 16 k-blocks), and choose_config's own pick for a shape with
+  // fewer tiles than SMs (1024x768x4096).
+  out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, false, 3});
+  out.push_back({48, 200, 520, DType::kFloat16, BLayout::kKN, 128, 0, false, 0, false, 2});
+  out.push_back({1000, 520, 776, DType::kBFloat16, BLayout::kKN, 0, 0, true, 0, false, 5});
+  out.push_back({777, 1030, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 0, false, 2});
+  out.push_back({256, 512, 1024, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, false, 16});
+  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   return out;
 }
 
@@ -197,6 +217,40 @@ TEST(GemmValidation, RejectsWhatTmaCannotTake) {
   d.dtype = DType::kBFloat16;
   cfg.block_n = 64;
   EXPECT_THROW(validate(d, cfg), InvalidArgument);
+}
+
+TEST(GemmValidation, SplitKRules) {
+  const GemmDesc d = make_desc(1024, 768, 256, DType::kBFloat16, BLayout::kNK);  // 4 k-blocks
+  GemmConfig cfg;
+  cfg.split_k = 5;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "split_k past the k-blocks accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "split_k 5 must be in [1, min(16, k / block_k = 4)]");
+  }
+  cfg.split_k = 2;
+  cfg.cluster_m = 2;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "split_k with clusters accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "split_k > 1 is built without tma_store and with cluster_m 1");
+  }
+  cfg.cluster_m = 1;
+  EXPECT_NO_THROW(validate(d, cfg));
+  EXPECT_EQ(workspace_bytes(d, cfg), size_t(2) * 1024 * 768 * 4);
+  GroupedGemmDesc g;
+  g.num_groups = 2;
+  g.max_rows = 256;
+  g.n = 256;
+  g.k = 256;
+  try {
+    validate(g, cfg);
+    ADD_FAILURE() << "split_k in a grouped GEMM accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "split_k 2 is not supported by the grouped GEMM (1 only)");
+  }
 }
 
 TEST(GemmValidation, TmaStoreRules) {

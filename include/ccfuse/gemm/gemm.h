@@ -69,6 +69,11 @@ struct GemmConfig {
   // Epilogue through shared memory and TMA stores, overlapped with the next tile (plain GEMM,
   // 128x256x64 with 3 stages, ldc a multiple of 8). Opt-in until measured (docs/perf-notes.md).
   bool tma_store = false;
+  // Split-K (plain problems, register epilogue, cluster 1): each tile's K is cut into split_k
+  // parts run by different CTAs, their fp32 partials summed by a second kernel. For problems
+  // with fewer tiles than SMs (choose_config picks it there). Needs workspace_bytes() of device
+  // memory: run() takes it from a per-device cache unless one is passed.
+  int split_k = 1;
 };
 
 // Throws InvalidArgument naming the argument and the rule: positive sizes; dtype bf16 or fp16;
@@ -85,8 +90,13 @@ GemmConfig choose_config(const GemmDesc& desc, int num_sms);
 // "block=128x256x64 stages=4 sms=132 order=row group_m=8"
 std::string to_string(const GemmConfig& config);
 
-// Runs C = A @ B on `stream`. Pointers must be 16-byte aligned (checked).
-void run(const GemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c, void* stream);
+// Runs C = A @ B on `stream`. Pointers must be 16-byte aligned (checked). With split_k > 1 the
+// fp32 partials need workspace_bytes(desc, config) bytes: `workspace` (16-byte aligned device
+// memory), or, when it is null, a per-device buffer the library grows on first use (a cudaMalloc
+// then: make one call before capturing a CUDA graph, or pass a workspace).
+void run(const GemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c, void* stream,
+         void* workspace = nullptr);
+size_t workspace_bytes(const GemmDesc& desc, const GemmConfig& config);
 
 // Tiles of the problem for a config, and the (m_tile, n_tile) of linear tile index `idx` in the
 // config's order: host copies of the device scheduler's math, for tests and tools.

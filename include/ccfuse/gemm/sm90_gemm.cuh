@@ -186,6 +186,28 @@ struct GroupedSchedule {
 };
 
 
+// Split-K over a plain problem (few tiles, long K): tile i's `splits` parts are units
+// i * splits + s (adjacent, so they run at once on neighbouring CTAs), part s accumulating
+// k-blocks [s * k_tiles / splits, (s + 1) * k_tiles / splits) into fp32 workspace slice s
+// (SplitKEpilogue); a reduction kernel sums the slices into C.
+struct SplitKSchedule {
+  PlainSchedule base;
+  int splits = 1, k_tiles = 1;  // splits <= k_tiles: no part is empty
+  static constexpr bool kHasReady = false;
+  static constexpr bool kHasSide = false;
+  CCFUSE_HD int64_t num_tiles() const { return base.num_tiles() * splits; }
+  int64_t max_tiles() const { return num_tiles(); }
+  CCFUSE_HD TileWork work(int64_t idx) const {
+    const int s = int(idx % splits);
+    TileWork w = base.work(idx / splits);
+    w.kb_begin = int(int64_t(s) * k_tiles / splits);
+    w.kb_end = int(int64_t(s + 1) * k_tiles / splits);
+    w.split = s;
+    return w;
+  }
+  __device__ bool wait_ready(const TileWork&) { return true; }
+};
+
 // One thread: GroupedSchedule's prefix sums of rows and tiles per group from per-group row counts
 // (device memory; row_prefix may be null); rows past `max_rows` are dropped (and counted in *overflow, when not null) so
 // that no tile reads or writes past the buffers.
@@ -256,6 +278,15 @@ struct PlainEpilogue {
   }
   __device__ float row_scale(int64_t) const { return 1.f; }
   __device__ void notify(const TileWork&) const {}
+};
+
+// Split-K parts: fp32 partial tiles into slice `split` of a workspace [splits][M][ld] (ld = N),
+// unrounded (store_tile_f32); C is written by the reduction that follows.
+struct SplitKEpilogue : PlainEpilogue {
+  static constexpr bool kTmaStoreOk = false;
+  static constexpr bool kStoreF32 = true;
+  float* ws = nullptr;
+  int64_t ld = 0, split_stride = 0;  // split_stride = M * ld
 };
 
 // Activation and optional per-row scale on the way to the local C.
@@ -499,6 +530,43 @@ struct HasAltA : std::false_type {};
 template <class S>
 struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kHasAltA> {};
 
+// Epilogue::kStoreF32: the tile's fp32 accumulators go to epi.ws (SplitKEpilogue). Absent = no.
+template <class E, class = void>
+struct StoresF32 : std::false_type {};
+template <class E>
+struct StoresF32<E, std::void_t<decltype(E::kStoreF32)>> : std::bool_constant<E::kStoreF32> {};
+
+// Stores a consumer warpgroup's fp32 accumulators unrounded to out [M, ld] (row w.row0 of the
+// tile at out + w.row0 * ld), same fragment layout as store_tile; 8-byte pair stores.
+template <class Traits, class Accum>
+__device__ __forceinline__ void store_tile_f32(float* out, int64_t ld, int64_t m, int64_t n, const Accum& accum,
+                                               int consumer_idx, const TileWork& w) {
+  constexpr int kBN = Traits::kBlockN;
+  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
+  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
+  const int col0 = w.n_tile * kBN + 2 * (lane % 4);
+  const int64_t rows = min_i64(w.row_end, m) - w.row0;
+  const bool row_ok[2] = {row < rows, row + 8 < rows};
+  float* base = out + (w.row0 + row) * ld + col0;
+  const bool pairs = (ld & 1) == 0;
+  CUTE_UNROLL
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int col = col0 + 8 * j;
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      if (!row_ok[h]) continue;
+      float* dst = base + h * 8 * ld + 8 * j;
+      const float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
+      if (pairs && col + 1 < n) {
+        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+      } else {
+        if (col < n) dst[0] = v0;
+        if (col + 1 < n) dst[1] = v1;
+      }
+    }
+  }
+}
+
 // Schedule::kTmaStoreOk / Epilogue::kTmaStoreOk: may the TMA-store epilogue (Traits::kTmaStore)
 // run with them? A schedule's tiles must be clipped at M only (TMA clips at the tensor's edge, not
 // at a group's or band's end); an epilogue must store plain values to the local C. Absent = no.
@@ -623,7 +691,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
         auto [tBgB, tBsB] = tma_partition(tma_b, cta_rank, Layout<Int<kCluster>>{}, group_modes<0, 2>(sB),
                                           group_modes<0, 2>(gB));
-        for (int kb = 0; kb < k_tiles; ++kb) {
+        const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
+        for (int kb = w.kb_begin; kb < kb_end; ++kb) {
           empty[stage].wait(phase ^ 1);
           full[stage].arrive_and_expect_tx(Traits::kStageBytes);
           copy(tma_a_tile.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
@@ -696,7 +765,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       mma.accumulate_ = GMMA::ScaleOut::Zero;
       int prev_stage = -1;
-      for (int kb = 0; kb < k_tiles; ++kb) {
+      const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
+      for (int kb = w.kb_begin; kb < kb_end; ++kb) {
         full[stage].wait(phase);
         warpgroup_fence_operand(accum);
         warpgroup_arrive();
@@ -736,7 +806,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       }
-      if constexpr (Traits::kTmaStore) {
+      if constexpr (StoresF32<Epilogue>::value) {
+        store_tile_f32<Traits>(epi.ws + int64_t(w.split) * epi.split_stride, epi.ld, p.m, p.n, accum, consumer_idx, w);
+      } else if constexpr (Traits::kTmaStore) {
         static_assert(tma_store_ok<Schedule>::value && tma_store_ok<Epilogue>::value,
                       "the TMA-store epilogue needs tiles clipped only at M and plain stores to the local C "
                       "(Schedule::kTmaStoreOk, Epilogue::kTmaStoreOk)");

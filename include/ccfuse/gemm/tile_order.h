@@ -21,6 +21,11 @@ struct TileWork {
   int group;
   int64_t row0;
   int64_t row_end;  // exclusive; rows past it (the next group's) are computed but never stored
+  // Split-K: the tile accumulates k-blocks [kb_begin, min(kb_end, all)) only, as part `split` of
+  // its sum (SplitKSchedule). Every other schedule leaves the defaults: all of K.
+  int kb_begin = 0;
+  int kb_end = 0x7fffffff;
+  int split = 0;
 };
 
 // Row-major in groups of `group_m` row tiles: inside a group, tiles go down the group's rows
