@@ -217,32 +217,11 @@ GemmConfig choose_config(const GemmDesc& d, int num_sms) {
   best.num_sms = sms;
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair.
   best.cluster_m = ceil_div(d.m, best.block_m) >= 2 && sms >= 2 ? 2 : 1;
-  // Split-K where it fills the waves better: s parts per tile (each at least 4 k-blocks, fp32
-  // partials at most 32 MiB so that the reduction reads them from L2), the register epilogue's
-  // tile efficiency, each extra part priced at 4 % (partial stores and the reduction).
-  {
-    double split_score = best_score;
-    for (const auto& t : kTileShapes) {
-      const int64_t tiles = ceil_div(d.m, t.block_m) * ceil_div(d.n, t.block_n);
-      const int64_t k_blocks = ceil_div(d.k, t.block_k);
-      for (int s = 2; s <= 16; ++s) {
-        if (k_blocks < 4 * s || double(s) * d.m * d.n * 4 > 32.0 * (1 << 20)) break;
-        const double units = double(tiles * s);
-        const double fill = units / (std::ceil(units / sms) * sms);
-        const double score = fill * (t.block_n == 256 ? 0.92 : 0.85) * (1.0 - 0.04 * (s - 1));
-        if (score > split_score + 1e-9) {
-          split_score = score;
-          best.block_m = t.block_m;
-          best.block_n = t.block_n;
-          best.block_k = t.block_k;
-          best.stages = t.stages;
-          best.tma_store = false;
-          best.cluster_m = 1;
-          best.split_k = s;
-        }
-      }
-    }
-  }
+  // Split-K is not chosen here: picked by a wave-fill model for the six TP shapes with the
+  // fewest tiles it made them 0-20 points slower (e.g. 1024x1536x4096: 74.8 -> 54.4 % of
+  // cuBLASLt; 2026-11-29, docs/perf-notes.md): its parts store fp32 tiles from registers and a
+  // second kernel reads them back, which costs more than the idle SMs it fills. It stays
+  // available (GemmConfig::split_k) for callers that measure it worth it.
   return best;
 }
 

@@ -170,9 +170,9 @@ std::vector<Case> cases() {
       }
   out.push_back({4096, 4096, 4096, DType::kBFloat16, BLayout::kNK, 256, 0, false, 2, true});
   out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kNK, 256, 100, true, 1, true});
-  // Split-K: partial tiles, M < 64, both layouts and dtypes, column order, an odd SM budget with
-  // an odd ldc, the most parts (16 of 16 k-blocks), and choose_config's own pick for a shape with
-  // fewer tiles than SMs (1024x768x4096).
+  // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
+  // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
+  // shape with fewer tiles than SMs (1024x768x4096).
   out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, false, 3});
   out.push_back({48, 200, 520, DType::kFloat16, BLayout::kKN, 128, 0, false, 0, false, 2});
   out.push_back({1000, 520, 776, DType::kBFloat16, BLayout::kKN, 0, 0, true, 0, false, 5});

@@ -70,9 +70,10 @@ struct GemmConfig {
   // 128x256x64 with 3 stages, ldc a multiple of 8). Opt-in until measured (docs/perf-notes.md).
   bool tma_store = false;
   // Split-K (plain problems, register epilogue, cluster 1): each tile's K is cut into split_k
-  // parts run by different CTAs, their fp32 partials summed by a second kernel. For problems
-  // with fewer tiles than SMs (choose_config picks it there). Needs workspace_bytes() of device
-  // memory: run() takes it from a per-device cache unless one is passed.
+  // parts run by different CTAs, their fp32 partials summed by a second kernel. Opt-in:
+  // measured slower than no split on every TP shape tried (docs/perf-notes.md), so choose_config
+  // never picks it. Needs workspace_bytes() of device memory: run() takes it from a per-device
+  // cache unless one is passed.
   int split_k = 1;
 };
 
