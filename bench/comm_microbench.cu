@@ -20,11 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/comm/team.h"
 #include "ccfuse/common/cuda_check.h"
 
 using namespace ccfuse;
+using namespace ccfuse::bench;
 using namespace ccfuse::comm;
 
 namespace {
@@ -63,23 +65,6 @@ __global__ void copy_kernel(const int4* __restrict__ src, int4* __restrict__ dst
 __global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = uint32_t(i * 2654435761u) ^ seed;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::string iso_date() {
-  char buf[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
 }
 
 struct Row {

@@ -8,7 +8,10 @@ baseline's (tools/torch_moe_layer_bench.py, op "moe_layer_serial", dispatch "all
 Columns: t_fused, t_serial, t_gemm (torch's two grouped GEMMs + SwiGLU), t_grouped_ccfuse (our plain
 grouped GEMMs on the same rows, no communication), t_comm (torch's dispatch + combine
 all-to-alls), t_limit = max(min(t_gemm, t_grouped_ccfuse), t_comm), fused/limit (target <= 1.1),
-speedup = t_serial / t_fused, the layer-0 / layer-1 times and the check. Then the geometric mean of
+speedup = t_serial / t_fused, the layer-0 / layer-1 times, each layer's overlap efficiency (our grouped
+GEMM of the layer alone, t_grouped{0,1}_ccfuse, against the baseline's dispatch / combine all-to-all:
+(gemm + comm - layer) / min(gemm, comm); "-" for records without the per-layer GEMM times) and the
+check. Then the geometric mean of
 the speedups (target >= 1.5) and how many cases meet fused/limit <= 1.1.
 --out writes one line per fused record: the record plus t_serial_ms, t_gemm_ms, t_comm_ms,
 t_limit_ms, speedup and fused_over_limit (null where the serial record is missing), and
@@ -61,10 +64,23 @@ def merge_one(fused, serial):
              speedup=t_serial / t_fused if t_serial and t_fused else None,
              fused_over_limit=t_fused / t_limit if t_fused and t_limit else None,
              serial_check=s.get("check"))
+    # Per layer: our grouped GEMM of the layer alone with the baseline's all-to-all of that layer
+    # (dispatch for layer 0, combine for layer 1): overlap = (serial - fused) / (serial - limit).
+    for layer, comm in ((0, "t_dispatch_ms"), (1, "t_combine_ms")):
+        m["overlap_eff_layer%d" % layer] = overlap(_pos(fused.get("t_grouped%d_ccfuse_ms" % layer)), _pos(s.get(comm)),
+                                                   _pos(fused.get("t_layer%d_ms" % layer)))
     if serial is not None and serial.get("world_size") != fused.get("world_size"):
         m["notes_merge"] = "world sizes differ: fused %s, serial %s" % (fused.get("world_size"),
                                                                         serial.get("world_size"))
     return m
+
+
+def overlap(t_gemm, t_comm, t_fused):
+    """DESIGN §5 overlap efficiency of one layer, or None when a time is missing."""
+    if t_gemm is None or t_comm is None or t_fused is None:
+        return None
+    serial, limit = t_gemm + t_comm, max(t_gemm, t_comm)
+    return (serial - t_fused) / (serial - limit)
 
 
 def merge(fused_records, serial_records):
@@ -93,7 +109,7 @@ def table(merged):
         return fmt % x if x else "-"
 
     cols = ["model", "tokens", "routing", "t_fused", "t_serial", "t_gemm(torch)", "t_grouped_ccfuse", "t_comm",
-            "t_limit", "fused/limit", "speedup", "layer0", "layer1", "check"]
+            "t_limit", "fused/limit", "speedup", "layer0", "layer1", "overlap L0", "overlap L1", "check"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in merged:
         check = r.get("check", "-")
@@ -103,7 +119,8 @@ def table(merged):
             str(r.get("model")), str(r.get("m")), str(r.get("routing")), ms(r.get("t_fused_ms")),
             ms(r["t_serial_ms"]), ms(r["t_gemm_ms"]), ms(r.get("t_grouped_ccfuse_ms")), ms(r["t_comm_ms"]),
             ms(r["t_limit_ms"]), ratio(r["fused_over_limit"]), ratio(r["speedup"]), ms(r.get("t_layer0_ms")),
-            ms(r.get("t_layer1_ms")), check]) + " |")
+            ms(r.get("t_layer1_ms")), ratio(r.get("overlap_eff_layer0")), ratio(r.get("overlap_eff_layer1")),
+            check]) + " |")
     gm, n_speed, n_ok, n_ratio = summary(merged)
     lines.append("")
     lines.append("geomean speedup (t_serial / t_fused): %s over %d cases (target >= %.1f: %s)" % (

@@ -219,6 +219,10 @@ def cases(args):
 
 
 def git_commit():
+    # The staged build's commit first (tools/gpu_run.sh exports it): the GPU machine's copy of the
+    # tree may carry an older .git.
+    if os.environ.get("CCFUSE_COMMIT"):
+        return os.environ["CCFUSE_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
@@ -227,7 +231,7 @@ def git_commit():
             return r.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("CCFUSE_COMMIT") or "unknown"
+    return "unknown"
 
 
 def utc_date():

@@ -406,6 +406,17 @@ struct MoeFfn::State {
     cudaFree(y);
   }
   int64_t l0_cols() const { return desc.swiglu ? 2 * desc.ffn : desc.ffn; }
+  // Either layer's grouped schedule over the local experts (rows from the exchange kernel).
+  gemm::sm90::GroupedSchedule grouped_schedule(int n_tiles, const int* tile_prefix) const {
+    gemm::sm90::GroupedSchedule g;
+    g.num_groups = geo.epr;
+    g.n_tiles = n_tiles;
+    g.block_m = kBlockM;
+    g.row_prefix = plan.row_prefix;
+    g.tile_prefix = tile_prefix;
+    g.tile_bound = (ceil_div(max_rows, kBlockM) + geo.epr) * n_tiles;
+    return g;
+  }
 };
 
 MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new State(team, d, cfg)) {
@@ -550,12 +561,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_CUDA_CHECK_LAUNCH();
   }
   L0Schedule sched;
-  sched.num_groups = s.geo.epr;
-  sched.n_tiles = n_tiles0;
-  sched.block_m = kBlockM;
-  sched.row_prefix = s.plan.row_prefix;
-  sched.tile_prefix = s.plan.tile_prefix0;
-  sched.tile_bound = (ceil_div(s.max_rows, kBlockM) + s.geo.epr) * n_tiles0;
+  static_cast<gemm::sm90::GroupedSchedule&>(sched) = s.grouped_schedule(n_tiles0, s.plan.tile_prefix0);
   sched.geo = s.geo;
   sched.counts = counts_local;
   sched.chunk_base = s.plan.chunk_base;
@@ -610,13 +616,7 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
     CCFUSE_ARG_CHECK(topk_ids != nullptr, "topk_ids must be a device pointer");
   }
   const int n_tiles1 = int(d.hidden / kBlockN);
-  gemm::sm90::GroupedSchedule sched;
-  sched.num_groups = s.geo.epr;
-  sched.n_tiles = n_tiles1;
-  sched.block_m = kBlockM;
-  sched.row_prefix = s.plan.row_prefix;
-  sched.tile_prefix = s.plan.tile_prefix1;
-  sched.tile_bound = (ceil_div(s.max_rows, kBlockM) + s.geo.epr) * n_tiles1;
+  const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(n_tiles1, s.plan.tile_prefix1);
   L1Epilogue epi;
   epi.scale = static_cast<const float*>(s.row_w->local());
   epi.geo = s.geo;

@@ -87,7 +87,7 @@ class MergeMoeTest(unittest.TestCase):
         lines = text.splitlines()
         self.assertTrue(lines[0].startswith("| model | tokens | routing | t_fused | t_serial |"))
         self.assertIn("| mixtral | 4096 | uniform | 5.000 | 10.000 | 4.500 | 4.000 | 3.000 | 4.000 | 1.25 | 2.00 |"
-                      " 3.200 | 1.900 | PASS |", text)
+                      " 3.200 | 1.900 | - | - | PASS |", text)
         self.assertIn("PASS (serial FAIL)", text)
         self.assertIn("| deepseek | 4096 | uniform | 3.000 | - |", text)
         self.assertIn("geomean speedup (t_serial / t_fused): 2.000 over 2 cases (target >= 1.5: MET)", text)
@@ -109,3 +109,20 @@ class MergeMoeTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PerLayerOverlap(unittest.TestCase):
+    def test_overlap_of_each_layer(self):
+        fused = dict(FUSED[0], t_grouped0_ccfuse_ms=3.0, t_grouped1_ccfuse_ms=1.5, t_layer0_ms=3.1, t_layer1_ms=1.9)
+        serial = dict(SERIAL[0], t_dispatch_ms=0.5, t_combine_ms=0.5)
+        m = merge_moe.merge_one(fused, serial)
+        # layer 0: serial 3.5, limit 3.0, fused 3.1 -> (3.5 - 3.1) / 0.5 = 0.8
+        self.assertAlmostEqual(m["overlap_eff_layer0"], 0.8)
+        # layer 1: serial 2.0, limit 1.5, fused 1.9 -> 0.2
+        self.assertAlmostEqual(m["overlap_eff_layer1"], 0.2)
+
+    def test_missing_per_layer_times_give_none(self):
+        m = merge_moe.merge_one(FUSED[0], SERIAL[0])
+        self.assertIsNone(m["overlap_eff_layer0"])
+        self.assertIsNone(m["overlap_eff_layer1"])
+        self.assertIn("| overlap L0 | overlap L1 |", merge_moe.table([m]))
