@@ -219,6 +219,30 @@ TEST(GemmValidation, RejectsWhatTmaCannotTake) {
   EXPECT_THROW(validate(d, cfg), InvalidArgument);
 }
 
+// choose_config's epilogue and split choices (host only: an explicit SM count needs no GPU).
+TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
+  const GemmConfig wide = choose_config(make_desc(8192, 4096, 4096, DType::kBFloat16, BLayout::kNK), 132);
+  EXPECT_TRUE(wide.tma_store);  // 16-byte aligned rows of C: the TMA-store epilogue
+  EXPECT_EQ(wide.block_n, 256);
+  EXPECT_EQ(wide.stages, 3);
+  const GemmConfig odd = choose_config(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), 132);
+  EXPECT_FALSE(odd.tma_store);  // n % 8 != 0: registers
+  EXPECT_NO_THROW(validate(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), odd));
+  // Few tiles, long K: split-K measured slower (docs/perf-notes.md), so not chosen.
+  const GemmConfig few = choose_config(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
+  EXPECT_EQ(few.split_k, 1);
+  GroupedGemmDesc g;
+  g.num_groups = 8;
+  g.max_rows = 8192;
+  g.n = 4096;
+  g.k = 4096;
+  const GemmConfig grouped = choose_config(g, 132);
+  EXPECT_FALSE(grouped.tma_store);
+  EXPECT_EQ(grouped.split_k, 1);
+  EXPECT_EQ(grouped.cluster_m, 1);
+  EXPECT_NO_THROW(validate(g, grouped));
+}
+
 TEST(GemmValidation, SplitKRules) {
   const GemmDesc d = make_desc(1024, 768, 256, DType::kBFloat16, BLayout::kNK);  // 4 k-blocks
   GemmConfig cfg;
