@@ -435,6 +435,23 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     op.run(x.get(), 0, as<int32_t>(ids), as<float>(tw), w1.get(), w2.get(), out.get(), s);
     team.synchronize(s);
+    // Expert ids out of range: an error naming topk_ids and the entry with check_routing (before
+    // any collective step, so every rank throws alike); counted as dropped without it.
+    MoeFfnConfig checked;
+    checked.check_routing = true;
+    MoeFfn op_checked(team, good, checked);
+    std::vector<int32_t> bad(size_t(8 * good.topk), 0);
+    bad[5] = good.num_experts;
+    const DevPtr bad_ids = upload(bad);
+    try {
+      op_checked.run(x.get(), 8, as<int32_t>(bad_ids), as<float>(tw), w1.get(), w2.get(), out.get(), s);
+      ADD_FAILURE() << "an expert id of num_experts was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(detail::str_cat("topk_ids: entry 5 (token ", 5 / good.topk, ", slot ",
+                                                            5 % good.topk, ")")),
+                std::string::npos)
+          << e.what();
+    }
     cudaStreamDestroy(s);
   });
 }
