@@ -515,6 +515,8 @@ int main(int argc, char** argv) {
             moe::MoeFfnConfig cfg;
             cfg.num_sms = 0;              // every SM
             cfg.check_routing = false;    // its host sync would be timed (the routing is valid by construction)
+            // CCFUSE_MOE_COMBINE=presum: layer 1's pre-summed combine (the record's config says which).
+            if (env_or("CCFUSE_MOE_COMBINE", "") == std::string("presum")) cfg.combine = moe::MoeCombine::kPresum;
             moe::MoeFfn ffn(team, desc, cfg);
             const int64_t max_rows = int64_t(w) * tokens * k;
             CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",

@@ -213,6 +213,7 @@ if [[ " $what " == *" moe_fused "* ]]; then
   # of GPUs on the serial baseline's cases (Mixtral, Qwen3, DeepSeek-V3-like; 4096/8192/16384 tokens
   # per GPU; uniform and zipf routing): whole layer, each layer alone, our grouped GEMMs without
   # communication, fp64 spot check. Merged with the moe section's records (tools/merge_moe.py).
+  # CCFUSE_MOE_COMBINE=presum times layer 1's pre-summed combine instead of the per-slot one.
   : > "$OUT/moe_fused.jsonl"
   timeout ${CCFUSE_MOE_TIMEOUT:-400} $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused.jsonl" --iters 10 --warmup 3 2>&1 \
     | tee "$OUT/moe_fused.log"

@@ -371,6 +371,97 @@ __global__ void check_ids_kernel(const int32_t* topk_ids, int64_t entries, int e
   }
 }
 
+// ---- layer 1, pre-summed combine (MoeCombine::kPresum) ----------------------------------------
+
+// row_of[src][entry] = the local row holding (src, entry) (the rest stay -1: memset first).
+__global__ void row_of_kernel(const int2* row_src, const int64_t* row_prefix, int groups, int64_t entries_per_src,
+                              int32_t* row_of) {
+  const int64_t rows = row_prefix[groups];
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    const int2 v = row_src[r];
+    row_of[v.x * entries_per_src + v.y] = int32_t(r);
+  }
+}
+
+// A warp per (source, token): the sum of this rank's weighted rows of the token's slots, in slot
+// order (fp32), sent as one bf16 row to slot `rank` of the source's partial buffer [W][T_max][H].
+// Tokens with no row here send nothing (the owner knows from its routing which ranks to read).
+__global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row_of, const E* y, E* const* partial) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  const int vecs = int(g.hidden / 8);
+  for (int64_t item = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; item < g.world * max_tokens;
+       item += warps) {
+    const int src = int(item / max_tokens);
+    const int64_t token = item % max_tokens;
+    const int32_t mine = lane < g.topk ? row_of[(src * max_tokens + token) * g.topk + lane] : -1;
+    if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
+    int4* dst = reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden);
+    for (int v = lane; v < vecs; v += 32) {
+      float acc[8] = {};
+      for (int j = 0; j < g.topk; ++j) {
+        const int32_t row = __shfl_sync(0xffffffffu, mine, j);  // all lanes run the same j
+        if (row < 0) continue;
+        const int4 raw = reinterpret_cast<const int4*>(y + int64_t(row) * g.hidden)[v];
+        const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(hv[q]);
+          acc[2 * q] += f.x;
+          acc[2 * q + 1] += f.y;
+        }
+      }
+      int4 res;
+      __nv_bfloat162* rv = reinterpret_cast<__nv_bfloat162*>(&res);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) rv[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      dst[v] = res;
+    }
+  }
+}
+
+// After presum_kernel (stream order: its stores are complete): release every rank's done flag.
+__global__ void presum_notify_kernel(Geometry g, comm::DeviceSignals sig) {
+  if (threadIdx.x >= g.world) return;
+  __threadfence_system();
+  comm::notify(sig, threadIdx.x, g.done_flag(g.rank), comm::current_epoch(sig));
+}
+
+// out[t] = sum over the ranks holding one of t's experts, in rank order, of their partial rows.
+__global__ void presum_combine_kernel(Geometry g, comm::DeviceSignals sig, const E* partial, int64_t max_tokens,
+                                      const int32_t* topk_ids, int64_t num_tokens, E* out) {
+  bool ok = true;
+  if (threadIdx.x < g.world) ok = comm::wait(sig, g.done_flag(threadIdx.x), comm::current_epoch(sig), threadIdx.x);
+  if (!__syncthreads_and(ok ? 1 : 0)) return;
+  const int64_t vecs = g.hidden / 8;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < num_tokens * vecs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / vecs, v = i % vecs;
+    uint32_t ranks = 0;
+    for (int j = 0; j < g.topk; ++j) {
+      const int x = topk_ids[t * g.topk + j];
+      if (x >= 0 && x < g.experts) ranks |= 1u << (x / g.epr);
+    }
+    float acc[8] = {};
+    for (int r = 0; r < g.world; ++r) {
+      if (!(ranks >> r & 1u)) continue;
+      const int4 raw = reinterpret_cast<const int4*>(partial + (int64_t(r) * max_tokens + t) * g.hidden)[v];
+      const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(hv[q]);
+        acc[2 * q] += f.x;
+        acc[2 * q + 1] += f.y;
+      }
+    }
+    int4 res;
+    __nv_bfloat162* rv = reinterpret_cast<__nv_bfloat162*>(&res);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) rv[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+    reinterpret_cast<int4*>(out + t * g.hidden)[v] = res;
+  }
+}
+
 template <class T>
 T* carve(char*& p, size_t n) {
   T* r = reinterpret_cast<T*>(p);
@@ -387,6 +478,9 @@ struct MoeFfn::State {
   Geometry geo;
   int64_t max_rows = 0;
   std::unique_ptr<comm::SymmetricBuffer> counts, recv, row_src, row_w, slots;
+  std::unique_ptr<comm::SymmetricBuffer> partial;  // kPresum: [W][max_tokens][H] bf16
+  int32_t* row_of = nullptr;                       // kPresum: [W][max_tokens * k]
+  E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, positions, send_list, dispatch workspace
   void* h1 = nullptr;
@@ -402,6 +496,8 @@ struct MoeFfn::State {
   State(comm::Team& t, const MoeFfnDesc& d, const MoeFfnConfig& c) : team(t), desc(d), cfg(c) {}
   ~State() {
     cudaFree(scratch);
+    cudaFree(row_of);
+    cudaFree(const_cast<E**>(partial_peers));
     cudaFree(h1);
     cudaFree(y);
   }
@@ -436,6 +532,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(!d.swiglu || d.ffn % (kBlockN / 2) == 0, "ffn ", d.ffn,
                    " must be a multiple of 128 with swiglu (gate and up halves of every 256-column tile)");
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16, "moe_ffn: dtype must be bf16 in v1, not ", dtype_name(d.dtype));
+  CCFUSE_ARG_CHECK(cfg.combine != MoeCombine::kPresum || d.topk <= 32, "topk ", d.topk,
+                   " must be at most 32 with the pre-summed combine (a warp holds a token's slots)");
   const int64_t entries = d.max_tokens * d.topk;
   CCFUSE_ARG_CHECK(entries * w < (int64_t(1) << 31), "max_tokens * topk * world size ", entries * w,
                    " must stay below 2^31 (row indices)");
@@ -452,7 +550,19 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.recv = team.alloc_symmetric(size_t(s.max_rows * d.hidden) * 2);
   s.row_src = team.alloc_symmetric(size_t(s.max_rows) * sizeof(int2));
   s.row_w = team.alloc_symmetric(size_t(s.max_rows) * 4);
-  s.slots = team.alloc_symmetric(size_t(entries * d.hidden) * 2);
+  if (cfg.combine == MoeCombine::kPresum) {
+    s.partial = team.alloc_symmetric(size_t(w) * size_t(d.max_tokens * d.hidden) * 2);
+    CCFUSE_CUDA_CHECK(cudaMalloc(&s.row_of, size_t(w) * size_t(entries) * 4));
+    std::vector<E*> pp(static_cast<size_t>(w));
+    for (int r = 0; r < w; ++r) pp[size_t(r)] = static_cast<E*>(s.partial->peer(r));
+    E** dev = nullptr;
+    CCFUSE_CUDA_CHECK(cudaMalloc(&dev, size_t(w) * sizeof(E*)));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(dev, pp.data(), size_t(w) * sizeof(E*), cudaMemcpyHostToDevice));
+    s.partial_peers = dev;
+    s.slots = team.alloc_symmetric(16);  // unused by this combine
+  } else {
+    s.slots = team.alloc_symmetric(size_t(entries * d.hidden) * 2);
+  }
   s.sig = team.make_signals("moe_ffn", int(w + w * s.geo.max_chunks + w));
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.h1, size_t(s.max_rows * d.ffn) * 2));
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.y, size_t(s.max_rows * d.hidden) * 2));
@@ -495,7 +605,10 @@ std::string MoeFfn::describe() const {
   os << "moe_ffn v1 dispatch=alltoall block=128x256x64 stages=4 chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
-     << " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum b=" << gemm::b_layout_name(d.b_layout);
+     << (s_->cfg.combine == MoeCombine::kPresum
+             ? " layer1=grouped+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum"
+             : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
+     << " b=" << gemm::b_layout_name(d.b_layout);
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
@@ -605,6 +718,38 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   CCFUSE_CUDA_CHECK_LAUNCH();
 }
 
+void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out,
+                               cudaStream_t stream) {
+  State& s = *s_;
+  const MoeFfnDesc& d = s.desc;
+  const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(int(d.hidden / kBlockN), s.plan.tile_prefix1);
+  const int64_t entries = d.max_tokens * d.topk;
+  const int dev_sms = gemm::current_device_sms();
+  CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.row_of, 0xff, size_t(s.geo.world) * size_t(entries) * 4, stream));
+  row_of_kernel<<<4 * dev_sms, 256, 0, stream>>>(static_cast<const int2*>(s.row_src->local()), s.plan.row_prefix,
+                                                 s.geo.epr, entries, s.row_of);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  // The weighted rows into y (the plain grouped GEMM with the router weight as row scale).
+  gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> epi;
+  epi.scale = static_cast<const float*>(s.row_w->local());
+  const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : dev_sms;
+  using gemm::sm90::Traits;
+  if (d.b_layout == gemm::BLayout::kNK)
+    launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
+  else
+    launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.row_of, static_cast<const E*>(s.y),
+                                                 s.partial_peers);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  presum_notify_kernel<<<1, 32, 0, stream>>>(s.geo, s.sig->device());
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(num_tokens * (d.hidden / 8), 256), 4 * dev_sms)));
+  presum_combine_kernel<<<blocks, 256, 0, stream>>>(s.geo, s.sig->device(), static_cast<const E*>(s.partial->local()),
+                                                    d.max_tokens, topk_ids, num_tokens, static_cast<E*>(out));
+  CCFUSE_CUDA_CHECK_LAUNCH();
+}
+
 void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out, cudaStream_t stream) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
@@ -617,6 +762,10 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
   }
   const int n_tiles1 = int(d.hidden / kBlockN);
   const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(n_tiles1, s.plan.tile_prefix1);
+  if (s.cfg.combine == MoeCombine::kPresum) {
+    run_layer1_presum(num_tokens, topk_ids, w2, out, stream);
+    return;
+  }
   L1Epilogue epi;
   epi.scale = static_cast<const float*>(s.row_w->local());
   epi.geo = s.geo;

@@ -86,6 +86,7 @@ struct Case {
   double drop_slot = 0;         // probability that a slot is -1
   double drop_token = 0;        // probability that all of a token's slots are -1
   int num_sms = 0;
+  MoeCombine combine = MoeCombine::kPerSlot;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -270,6 +271,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     d.b_layout = c.layout;
     MoeFfnConfig config;
     config.num_sms = c.num_sms;
+    config.combine = c.combine;
     cudaStream_t s;
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const DevPtr x = upload(rd.x), ids = upload(rd.ids), decoy = upload(rd.decoy_ids), tw = upload(rd.weights);
@@ -371,6 +373,15 @@ std::vector<Case> cases() {
   v.push_back({"plain_nk_drops", 512, 256, 8, 2, false, BLayout::kNK, Route::kZipf, {250, 40}, 0, 0.2, 0.05});
   // 2F = 768: three 256-column SwiGLU tiles; few CTAs so that each takes several tiles.
   v.push_back({"h768_f384_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {100}, 0, 0, 0, 8});
+  // The pre-summed combine (MoeCombine::kPresum, written 2026-11-29 late, not yet run on a GPU):
+  // top-8, drops and empty ranks, uneven token counts, kNK.
+  const MoeCombine presum = MoeCombine::kPresum;
+  v.push_back({"presum_top8_e16", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform, {64}, 0, 0, 0, 0, presum});
+  v.push_back({"presum_drops", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}, 0, 0.2, 0.05, 0, presum});
+  v.push_back({"presum_rank0_no_tokens", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {0, 300}, 0, 0, 0, 0,
+               presum});
+  v.push_back({"presum_uneven_nk_zipf", 512, 256, 16, 4, false, BLayout::kNK, Route::kZipf, {250, 40}, 512, 0.1, 0.02,
+               0, presum});
   return v;
 }
 

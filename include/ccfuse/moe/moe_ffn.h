@@ -54,8 +54,17 @@ struct MoeFfnDesc {
   gemm::BLayout b_layout = gemm::BLayout::kKN;
 };
 
+// How layer 1 returns rows to their tokens' owners (docs/moe-layers.md):
+//   kPerSlot  v1, measured: the send warps forward every (token, slot) row as its tile finishes
+//             (overlapped with the GEMM; k rows per token travel), the owner sums the slots.
+//   kPresum   v2a, NOT YET RUN ON A GPU: after the GEMM, each rank sums its slots of every
+//             (source, token) in fp32 and sends one bf16 row per (token, rank); the owner sums
+//             the ranks' rows in rank order. k / (slots per rank) times fewer bytes, not overlapped.
+enum class MoeCombine { kPerSlot, kPresum };
+
 struct MoeFfnConfig {
   int num_sms = 0;  // CTAs of each persistent GEMM; 0 = every SM
+  MoeCombine combine = MoeCombine::kPerSlot;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.
@@ -103,6 +112,8 @@ class MoeFfn {
  private:
   struct State;
   std::unique_ptr<State> s_;
+  void run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out,
+                         cudaStream_t stream);
 };
 
 }  // namespace ccfuse::moe
