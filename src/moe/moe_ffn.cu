@@ -332,6 +332,24 @@ struct L1Epilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone
   }
 };
 
+// Eight bf16 values (one 16-byte piece) added into fp32 accumulators, and packed back.
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& raw) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(h[q]);
+    acc[2 * q] += f.x;
+    acc[2 * q + 1] += f.y;
+  }
+}
+__device__ __forceinline__ int4 pack_bf16x8(const float (&acc)[8]) {
+  int4 res;
+  __nv_bfloat162* r = reinterpret_cast<__nv_bfloat162*>(&res);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) r[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return res;
+}
+
 // out[t] = sum of the token's live slots, fp32; waits for every rank's flag first.
 __global__ void combine_kernel(Geometry g, comm::DeviceSignals sig, const E* slots, const int32_t* topk_ids,
                                int64_t num_tokens, E* out) {
@@ -346,20 +364,9 @@ __global__ void combine_kernel(Geometry g, comm::DeviceSignals sig, const E* slo
     for (int j = 0; j < g.topk; ++j) {
       const int x = topk_ids[t * g.topk + j];
       if (x < 0 || x >= g.experts) continue;  // dropped (or invalid: counted as dropped by the layout)
-      const int4 raw = reinterpret_cast<const int4*>(slots + (t * g.topk + j) * g.hidden)[v];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(h[q]);
-        acc[2 * q] += f.x;
-        acc[2 * q + 1] += f.y;
-      }
+      add_bf16x8(acc, reinterpret_cast<const int4*>(slots + (t * g.topk + j) * g.hidden)[v]);
     }
-    int4 res;
-    __nv_bfloat162* r = reinterpret_cast<__nv_bfloat162*>(&res);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) r[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-    reinterpret_cast<int4*>(out + t * g.hidden)[v] = res;
+    reinterpret_cast<int4*>(out + t * g.hidden)[v] = pack_bf16x8(acc);
   }
 }
 
@@ -402,20 +409,9 @@ __global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row
       for (int j = 0; j < g.topk; ++j) {
         const int32_t row = __shfl_sync(0xffffffffu, mine, j);  // all lanes run the same j
         if (row < 0) continue;
-        const int4 raw = reinterpret_cast<const int4*>(y + int64_t(row) * g.hidden)[v];
-        const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float2 f = __bfloat1622float2(hv[q]);
-          acc[2 * q] += f.x;
-          acc[2 * q + 1] += f.y;
-        }
+        add_bf16x8(acc, reinterpret_cast<const int4*>(y + int64_t(row) * g.hidden)[v]);
       }
-      int4 res;
-      __nv_bfloat162* rv = reinterpret_cast<__nv_bfloat162*>(&res);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) rv[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      dst[v] = res;
+      dst[v] = pack_bf16x8(acc);
     }
   }
 }
@@ -445,20 +441,9 @@ __global__ void presum_combine_kernel(Geometry g, comm::DeviceSignals sig, const
     float acc[8] = {};
     for (int r = 0; r < g.world; ++r) {
       if (!(ranks >> r & 1u)) continue;
-      const int4 raw = reinterpret_cast<const int4*>(partial + (int64_t(r) * max_tokens + t) * g.hidden)[v];
-      const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 f = __bfloat1622float2(hv[q]);
-        acc[2 * q] += f.x;
-        acc[2 * q + 1] += f.y;
-      }
+      add_bf16x8(acc, reinterpret_cast<const int4*>(partial + (int64_t(r) * max_tokens + t) * g.hidden)[v]);
     }
-    int4 res;
-    __nv_bfloat162* rv = reinterpret_cast<__nv_bfloat162*>(&res);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) rv[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-    reinterpret_cast<int4*>(out + t * g.hidden)[v] = res;
+    reinterpret_cast<int4*>(out + t * g.hidden)[v] = pack_bf16x8(acc);
   }
 }
 
