@@ -67,6 +67,8 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
   tp::AgGemmConfig cfg;
   cfg.pieces_per_chunk = c.pieces_per_chunk;
   cfg.group_m = c.group_m;
+  // EXPERIMENT: fewer pushing CTAs (AgGemmConfig::push_ctas); the record's config says so.
+  if (const char* v = std::getenv("CCFUSE_AG_PUSH_CTAS"); v != nullptr && *v) cfg.push_ctas = std::atoi(v);
   return cfg;
 }
 tp::GemmRsConfig rs_config(const tp::TpChoice& c) {

@@ -69,6 +69,7 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   int64_t band_offset_bytes = 0;             // rank * m_local * K * 2
   int64_t row_bytes = 0;                     // K * 2
   int rank = 0, world = 1, m_tiles_per_band = 0, pieces = 1, rows_per_piece = kBlockM;
+  int push_ctas = 0;  // 0: every CTA pushes
   gemm::TileTrace* trace = nullptr;  // diagnostics (set_trace), null = off
   int trace_slots = 0;
 
@@ -78,7 +79,8 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
     const int64_t total = int64_t(m_tiles_per_band) * pieces;
-    for (int64_t piece = cta; piece < total; piece += num_ctas) {
+    const int64_t pushers = push_ctas > 0 && push_ctas < num_ctas ? push_ctas : num_ctas;
+    for (int64_t piece = cta; piece < total; piece += pushers) {
       const int chunk = int(piece / pieces), pc = int(piece % pieces);
       const int64_t offset = band_offset_bytes + (int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece) * row_bytes;
       const int64_t bytes = int64_t(rows_per_piece) * row_bytes;
@@ -123,7 +125,8 @@ std::string to_string(const AgGemmConfig& c, int num_sms) {
   std::ostringstream os;
   os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) chunk_rows=" << kBlockM
      << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
-     << " group_m=" << c.group_m << " push=send-warps";
+     << " group_m=" << c.group_m << " push=send-warps"
+     << (c.push_ctas > 0 ? "(" + std::to_string(c.push_ctas) + " ctas)" : std::string());
   return os.str();
 }
 
@@ -137,6 +140,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
                    " must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "ag_gemm: dtype must be bf16 or fp16, not ",
                    dtype_name(d.dtype));
+  CCFUSE_ARG_CHECK(cfg.push_ctas >= 0, "push_ctas ", cfg.push_ctas, " must not be negative (0 = every CTA)");
   CCFUSE_ARG_CHECK(cfg.pieces_per_chunk == 0 || (cfg.pieces_per_chunk <= 32 && (cfg.pieces_per_chunk & (cfg.pieces_per_chunk - 1)) == 0),
                    "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
   gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{128, 256, 64, 4, 0});
@@ -200,7 +204,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   sched.m_local = s_->m_local;
   sched.sig = s_->sig->device();
   const int gemm_ctas = int(std::min<int64_t>(sched.num_tiles(), sms));
-  sched.pieces = pieces_for(s_->cfg, sched.m_tiles_per_band, gemm_ctas);
+  const int pushers = s_->cfg.push_ctas > 0 ? std::min(s_->cfg.push_ctas, gemm_ctas) : gemm_ctas;
+  sched.pieces = pieces_for(s_->cfg, sched.m_tiles_per_band, pushers);
   AgPushEpilogue epi;
   epi.sig = sched.sig;
   epi.src = static_cast<const char*>(a_local);
@@ -212,6 +217,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.m_tiles_per_band = sched.m_tiles_per_band;
   epi.pieces = sched.pieces;
   epi.rows_per_piece = kBlockM / sched.pieces;
+  epi.push_ctas = s_->cfg.push_ctas;
   epi.trace = s_->trace;
   epi.trace_slots = s_->trace_slots;
   sched.own_in_place = a_local != nullptr;

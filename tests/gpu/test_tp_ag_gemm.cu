@@ -31,6 +31,7 @@ std::vector<uint16_t> random_bf16(uint64_t seed, uint64_t id, size_t count) {
 struct Shape {
   int64_t m, n, k;
   gemm::BLayout layout;
+  int push_ctas = 0;  // AgGemmConfig::push_ctas (0: every CTA pushes)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -52,7 +53,9 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     d.n = sh.n;
     d.k = sh.k;
     d.b_layout = sh.layout;
-    AgGemm op(team, d);
+    AgGemmConfig cfg;
+    cfg.push_ctas = sh.push_ctas;
+    AgGemm op(team, d, cfg);
     const int64_t m_local = d.m / w;
     cudaStream_t s;
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -123,10 +126,14 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                          ::testing::Values(Shape{512, 520, 776, gemm::BLayout::kNK},
                                            Shape{1024, 1024, 1024, gemm::BLayout::kKN},
-                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK}),
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK},
+                                           // few pushing CTAs (written 2026-11-29 late, not yet run)
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 7},
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 1}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
-                                                  gemm::b_layout_name(i.param.layout));
+                                                  gemm::b_layout_name(i.param.layout),
+                                                  i.param.push_ctas ? detail::str_cat("_push", i.param.push_ctas) : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {

@@ -31,6 +31,11 @@ struct AgGemmConfig {
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
   int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;
+  // CTAs whose send warps push A (the first push_ctas of the grid); 0 = every GEMM CTA. 16-32
+  // CTAs saturate NVLink (docs/perf-notes.md, ceilings); fewer pushers leave the rest of the
+  // GEMM undisturbed during the push. EXPERIMENT (written 2026-11-29 late, not yet measured):
+  // the tool reads CCFUSE_AG_PUSH_CTAS.
+  int push_ctas = 0;
 };
 
 // "gemm_ctas=132 block=128x256x64 chunk_rows=128 pieces_per_chunk=auto group_m=8 push=send-warps"
