@@ -517,6 +517,8 @@ int main(int argc, char** argv) {
             cfg.check_routing = false;    // its host sync would be timed (the routing is valid by construction)
             // CCFUSE_MOE_COMBINE=presum: layer 1's pre-summed combine (the record's config says which).
             if (env_or("CCFUSE_MOE_COMBINE", "") == std::string("presum")) cfg.combine = moe::MoeCombine::kPresum;
+            // CCFUSE_MOE_SEND_ORDER=interleave: layer 0's interleaved send order (in the config too).
+            cfg.interleave_sends = env_or("CCFUSE_MOE_SEND_ORDER", "") == std::string("interleave");
             moe::MoeFfn ffn(team, desc, cfg);
             const int64_t max_rows = int64_t(w) * tokens * k;
             CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",

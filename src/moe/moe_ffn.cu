@@ -48,11 +48,23 @@ __device__ __forceinline__ T select4(const T (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
 }
 
+// A source's send order over the global experts (rotated index i <-> expert). Owner-major (v1,
+// measured): this rank's own experts first, then rank + 1's, ...; a receiver's first experts get
+// their remote rows only after every source has copied its own rows. Interleaved
+// (MoeFfnConfig::interleave_sends, written 2026-11-29 late, not yet run): local expert j of
+// every owner in turn (owners rotated from this rank), in the order the receivers' tiles need them.
 struct Geometry {
   int world = 1, rank = 0, experts = 1, epr = 1, topk = 1;
   int64_t hidden = 0, max_chunks = 0;
-  __host__ __device__ int rot_index(int src, int e) const { return (e - src * epr + experts) % experts; }
-  __host__ __device__ int rot_expert(int src, int i) const { return (src * epr + i) % experts; }
+  bool interleaved = false;
+  __host__ __device__ int rot_index(int src, int e) const {
+    if (!interleaved) return (e - src * epr + experts) % experts;
+    return (e % epr) * world + (e / epr - src + world) % world;
+  }
+  __host__ __device__ int rot_expert(int src, int i) const {
+    if (!interleaved) return (src * epr + i) % experts;
+    return ((src + i % world) % world) * epr + i / world;
+  }
   __host__ __device__ int chunk_flag(int src, int chunk) const { return world + int(src * max_chunks) + chunk; }
   __host__ __device__ int done_flag(int src) const { return world + int(world * max_chunks) + src; }
 };
@@ -530,6 +542,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.topk = d.topk;
   s.geo.hidden = d.hidden;
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
+  s.geo.interleaved = cfg.interleave_sends;
   s.max_rows = entries * w;
   s.counts = team.alloc_symmetric(size_t(w) * d.num_experts * 4);
   s.recv = team.alloc_symmetric(size_t(s.max_rows * d.hidden) * 2);
@@ -587,7 +600,8 @@ int64_t MoeFfn::max_rows() const { return s_->max_rows; }
 std::string MoeFfn::describe() const {
   std::ostringstream os;
   const MoeFfnDesc& d = s_->desc;
-  os << "moe_ffn v1 dispatch=alltoall block=128x256x64 stages=4 chunk_rows=" << kChunkRows
+  os << "moe_ffn v1 dispatch=alltoall" << (s_->geo.interleaved ? "(send order interleaved)" : "")
+     << " block=128x256x64 stages=4 chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
      << (s_->cfg.combine == MoeCombine::kPresum

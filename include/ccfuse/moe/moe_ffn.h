@@ -65,6 +65,10 @@ enum class MoeCombine { kPerSlot, kPresum };
 struct MoeFfnConfig {
   int num_sms = 0;  // CTAs of each persistent GEMM; 0 = every SM
   MoeCombine combine = MoeCombine::kPerSlot;
+  // Layer 0's send order: false (v1, measured) = this rank's own experts first, then the next
+  // owner's, ...; true (EXPERIMENT, not yet run) = local expert j of every owner in turn, the
+  // order in which the receivers' tiles need the rows (docs/perf-notes.md).
+  bool interleave_sends = false;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.
