@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [trace] [gemm_tma]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [trace] [gemm_tma]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -224,6 +224,34 @@ if [[ " $what " == *" moe_fused "* ]]; then
       | tee "$OUT/moe_table.log"
     summary+=("moe fused vs serial: $(grep -m1 '^geomean' "$OUT/moe_table.log"); $(grep -m1 '^fused/limit' "$OUT/moe_table.log") (moe_table.log)")
   fi
+fi
+if [[ " $what " == *" moe_ab "* ]]; then
+  # A/B of the MoE FFN's opt-in variants (docs/perf-notes.md): the default, the pre-summed combine,
+  # the interleaved send order, and both, each merged with the serial baseline of the same call
+  # (run "moe" first in the same call, e.g. `gpu_run.sh moe moe_ab`).
+  for variant in default presum interleave presum+interleave; do
+    combine=""; order=""
+    [[ $variant == *presum* ]] && combine=presum
+    [[ $variant == *interleave* ]] && order=interleave
+    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+      $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
+      > "$OUT/moe_fused_$variant.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    if [ -s "$OUT/moe_serial.jsonl" ]; then
+      python3 tools/merge_moe.py "$OUT/moe_fused_$variant.jsonl" "$OUT/moe_serial.jsonl" \
+        --out "$OUT/moe_merged_$variant.jsonl" > "$OUT/moe_table_$variant.log" 2>&1 || status=1
+      summary+=("moe $variant: rc=$rc; $(grep -m1 '^geomean' "$OUT/moe_table_$variant.log"); $(grep -m1 '^fused/limit' "$OUT/moe_table_$variant.log")")
+    else
+      summary+=("moe $variant: rc=$rc (no serial records in this call: run moe first)")
+    fi
+  done
+fi
+if [[ " $what " == *" tp_ab "* ]]; then
+  # A/B of ag_gemm's pushing CTAs (AgGemmConfig::push_ctas): every CTA (default) against 16 and 32.
+  for pc in 0 16 32; do
+    CCFUSE_AG_PUSH_CTAS=$pc CCFUSE_TP_ONLY=ag_gemm OUT="$OUT/push$pc" bash "$0" tp > "$OUT/tp_push$pc.log" 2>&1 || status=1
+    summary+=("ag_gemm push_ctas=$pc: $OUT/tp_push$pc.log")
+  done
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then
   # The GEMM's TMA-store epilogue (opt-in, docs/perf-notes.md) against the register epilogue
