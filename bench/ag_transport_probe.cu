@@ -28,16 +28,6 @@ using namespace ccfuse::comm;
 
 namespace {
 
-using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-
-WriteValue64 write_value64() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  CCFUSE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q));
-  CCFUSE_CHECK(fn != nullptr && q == cudaDriverEntryPointSuccess, "cuStreamWriteValue64 not found");
-  return reinterpret_cast<WriteValue64>(fn);
-}
-
 __host__ __device__ uint32_t pattern(uint32_t call, size_t i) {
   uint32_t x = uint32_t(i) * 2654435761u ^ (call * 0x9e3779b9u);
   x ^= x >> 15;
@@ -108,7 +98,6 @@ int main(int argc, char** argv) {
         CCFUSE_CUDA_CHECK(cudaMemset(wait_ns, 0, 8));
         cudaStream_t s;
         CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        const WriteValue64 wv = write_value64();
         epoch_t host_epoch = 0;  // mirrors the device epoch: one begin_call per call
         const auto t0 = std::chrono::steady_clock::now();
         for (uint32_t call = 1; call <= kCalls; ++call) {
@@ -119,9 +108,7 @@ int main(int argc, char** argv) {
             for (int c = 0; c < kChunks; ++c) {
               auto* dst = static_cast<uint32_t*>(data->peer(1)) + c * kChunkWords;
               CCFUSE_CUDA_CHECK(cudaMemcpyAsync(dst, src + c * kChunkWords, kChunkWords * 4, cudaMemcpyDeviceToDevice, s));
-              const CUresult r = wv(reinterpret_cast<CUstream>(s),
-                                    reinterpret_cast<CUdeviceptr>(sig->device().flags[1] + c), host_epoch, 0);
-              CCFUSE_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 to the peer's flag failed: ", int(r));
+              stream_write_flag(s, sig->device().flags[1] + c, host_epoch);
             }
           } else {
             verify<<<kChunks, 512, 0, s>>>(sig->device(), static_cast<const uint32_t*>(data->local()), kChunkWords, call,

@@ -37,7 +37,8 @@ if [[ " $what " == *" tests "* ]]; then
   summary+=("gpu tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/gpu_tests.log" | tr '\n' ' ')")
   for op in ag_gemm gemm_rs gemm_ar; do
     for dt in bf16 fp32; do
-      timeout 120 $BIN/ccfuse check --op $op --m 1000 --n 520 --k 776 --dtype $dt 2>&1 | tee -a "$OUT/gpu_check.log" | tail -n 1
+      # K = 784: each gemm_rs/gemm_ar rank's K/W = 392 is a multiple of 8 (TMA row alignment).
+      timeout 120 $BIN/ccfuse check --op $op --m 1000 --n 520 --k 784 --dtype $dt 2>&1 | tee -a "$OUT/gpu_check.log" | tail -n 1
       rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
     done
   done
@@ -247,10 +248,15 @@ if [[ " $what " == *" moe_ab "* ]]; then
   done
 fi
 if [[ " $what " == *" tp_ab "* ]]; then
-  # A/B of ag_gemm's pushing CTAs (AgGemmConfig::push_ctas): every CTA (default) against 16 and 32.
-  for pc in 0 16 32; do
-    CCFUSE_AG_PUSH_CTAS=$pc CCFUSE_TP_ONLY=ag_gemm OUT="$OUT/push$pc" bash "$0" tp > "$OUT/tp_push$pc.log" 2>&1 || status=1
-    summary+=("ag_gemm push_ctas=$pc: $OUT/tp_push$pc.log")
+  # A/B of ag_gemm's transport (AgGemmConfig::transport): the GEMM CTAs' send warps against the
+  # copy engine (cudaMemcpyAsync + cuStreamWriteValue64 flags on side streams), each with its own
+  # serial baselines, then a correctness check of each on an edge shape.
+  for tr in sm-send-warps copy-engine; do
+    CCFUSE_AG_TRANSPORT=$tr CCFUSE_TP_ONLY=ag_gemm OUT="$OUT/$tr" bash "$0" tp > "$OUT/tp_$tr.log" 2>&1 || status=1
+    CCFUSE_AG_TRANSPORT=$tr timeout 120 $BIN/ccfuse check --op ag_gemm --m 1024 --n 520 --k 784 --dtype bf16 \
+      2>&1 | tee -a "$OUT/tp_ab_check.log" | tail -n 1
+    rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+    summary+=("ag_gemm transport=$tr: $(grep -E '^ag_gemm ' "$OUT/tp_$tr.log" | awk '{printf "%s:%s ", $2, $5}')")
   done
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then

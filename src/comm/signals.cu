@@ -1,4 +1,8 @@
 // SignalSet: flags in symmetric memory, a device epoch counter, and the entry barrier kernel.
+#include <cuda.h>
+
+#include <algorithm>
+
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
 
@@ -9,7 +13,11 @@ namespace {
 // One CTA: bump the epoch, then meet every rank on the barrier slots of this epoch. Stream
 // order makes this the entry barrier of DESIGN §2.2: once all ranks pass it, every rank has
 // finished its previous call, so nobody overwrites what a peer still reads.
-__global__ void begin_call_kernel(DeviceSignals sig) {
+// `reset[0, reset_count)` (local flags of a set written with fixed values) is zeroed first: this
+// rank consumed every one of them in its previous call, and no peer writes them again before
+// it has passed the barrier below.
+__global__ void begin_call_kernel(DeviceSignals sig, epoch_t* reset, int reset_count) {
+  for (int i = threadIdx.x; i < reset_count; i += blockDim.x) reset[i] = 0;
   __shared__ epoch_t epoch;
   if (threadIdx.x == 0) {
     epoch = *sig.epoch + 1;
@@ -51,10 +59,24 @@ SignalSet::~SignalSet() {
   if (epoch_) cudaFree(epoch_);
 }
 
-void SignalSet::begin_call(cudaStream_t stream) const {
-  const int threads = int(round_up(dev_.world_size, 32));
-  begin_call_kernel<<<1, threads, 0, stream>>>(dev_);
+void SignalSet::begin_call(cudaStream_t stream, const SignalSet* reset) const {
+  const int threads = int(round_up(std::max(dev_.world_size, reset != nullptr ? 256 : 1), 32));
+  begin_call_kernel<<<1, threads, 0, stream>>>(dev_, reset != nullptr ? reset->dev_.flags[reset->dev_.rank] : nullptr,
+                                               reset != nullptr ? reset->num_signals_ : 0);
   CCFUSE_CUDA_CHECK_LAUNCH();
+}
+
+void stream_write_flag(cudaStream_t stream, epoch_t* flag, epoch_t value) {
+  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  static const WriteValue64 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CCFUSE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 12000, cudaEnableDefault, &q));
+    CCFUSE_CHECK(f != nullptr && q == cudaDriverEntryPointSuccess, "cuStreamWriteValue64 not found in the CUDA driver");
+    return reinterpret_cast<WriteValue64>(f);
+  }();
+  const CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag), value, 0);
+  CCFUSE_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 to flag ", static_cast<void*>(flag), " failed (CUresult ", int(r), ")");
 }
 
 epoch_t SignalSet::read_epoch() const {

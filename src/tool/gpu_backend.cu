@@ -67,8 +67,15 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
   tp::AgGemmConfig cfg;
   cfg.pieces_per_chunk = c.pieces_per_chunk;
   cfg.group_m = c.group_m;
-  // EXPERIMENT: fewer pushing CTAs (AgGemmConfig::push_ctas); the record's config says so.
-  if (const char* v = std::getenv("CCFUSE_AG_PUSH_CTAS"); v != nullptr && *v) cfg.push_ctas = std::atoi(v);
+  cfg.transport = c.transport == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
+  // A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_AG_TRANSPORT=copy-engine | sm-send-warps overrides
+  // the tuner; the record's config says which ran.
+  if (const char* v = std::getenv("CCFUSE_AG_TRANSPORT"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "copy-engine" || t == "sm-send-warps", "CCFUSE_AG_TRANSPORT '", t,
+                     "' must be copy-engine or sm-send-warps");
+    cfg.transport = t == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
+  }
   return cfg;
 }
 tp::GemmRsConfig rs_config(const tp::TpChoice& c) {

@@ -1,8 +1,10 @@
-// Fused AllGather + GEMM, v1: side CTAs push this rank's A band over NVLink, GEMM CTAs wait per tile.
+// Fused AllGather + GEMM: this rank's A band reaches the peers by the GEMM CTAs' send warps or by
+// the copy engine; the GEMM's producers wait per 128-row chunk (docs/tp-fusion.md).
 #include "ccfuse/tp/ag_gemm.h"
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
@@ -22,6 +24,11 @@ constexpr int kMaxAgRanks = 8;
 // 128-row chunk: all `pieces` flags of it, published by the band's rank.
 struct AgSchedule : BandedTiles {
   int pieces = 1;
+  // Chunks per flag: 1 with send warps; copy_rows / 128 with the copy engine (one flag a copy).
+  int chunks_per_flag = 1;
+  // The own band is in the gather buffer before the kernel starts (copy engine, the caller wrote
+  // local_a()): its tiles wait for nothing.
+  bool own_ready = false;
   // The own band is read in place from a_local (second TMA descriptor) when the caller passed
   // one: its tiles wait for nothing.
   static constexpr bool kHasAltA = true;
@@ -29,7 +36,8 @@ struct AgSchedule : BandedTiles {
   int64_t alt_a_row0 = 0;  // rank * m_local
   CCFUSE_HD bool alt_a(const gemm::TileWork& w) const { return own_in_place && w.m_tile / m_tiles_per_band == rank; }
   comm::DeviceSignals sig{};
-  // Producer-thread state: the call's epoch and the chunks already seen complete.
+  // Producer-thread state: the call's epoch (0 = read it from the device; the copy engine's
+  // fixed-value flags set it to 1 on the host) and the chunks already seen complete.
   epoch_t epoch = 0;
   uint64_t seen[4] = {};
 
@@ -42,11 +50,13 @@ struct AgSchedule : BandedTiles {
   __device__ bool wait_ready(const gemm::TileWork& w) {
     if (alt_a(w)) return true;
     const int chunk = w.m_tile;
+    if (own_ready && chunk / m_tiles_per_band == rank) return true;
     const bool cacheable = chunk < 256;
     if (cacheable && (seen[chunk / 64] >> (chunk % 64) & 1)) return true;
     if (epoch == 0) epoch = comm::current_epoch(sig);
     bool ok = true;
-    for (int pc = 0; pc < pieces && ok; ++pc) ok = comm::wait(sig, chunk * pieces + pc, epoch, chunk / m_tiles_per_band);
+    const int flag0 = chunk / chunks_per_flag * pieces;
+    for (int pc = 0; pc < pieces && ok; ++pc) ok = comm::wait(sig, flag0 + pc, epoch, chunk / m_tiles_per_band);
     // The rows were written through the generic proxy (by a peer, or this GPU's send warps); TMA
     // reads them through the async proxy.
     asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -98,7 +108,16 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   }
 };
 
+// Copy-engine transport: the plain epilogue (no send warps: the standalone engine's 40/232
+// register split), with tile traces.
+struct AgCeEpilogue : gemm::sm90::PlainEpilogue {
+  gemm::TileTrace* trace = nullptr;
+  int trace_slots = 0;
+};
+
 }  // namespace
+
+const char* transport_name(AgTransport t) { return t == AgTransport::kCopyEngine ? "copy-engine" : "sm-send-warps"; }
 
 struct AgGemm::State {
   comm::Team& team;
@@ -109,8 +128,28 @@ struct AgGemm::State {
   std::unique_ptr<comm::SignalSet> sig;
   gemm::TileTrace* trace = nullptr;
   int trace_slots = 0;
+  // Copy engine: fixed-value flags (one per copy of every band), a side stream per peer, events.
+  std::unique_ptr<comm::SignalSet> ce_sig;
+  int copy_rows = 0;
+  std::vector<cudaStream_t> side;
+  cudaEvent_t start = nullptr;
+  std::vector<cudaEvent_t> done;
   State(comm::Team& t, const AgGemmDesc& d, const AgGemmConfig& c) : team(t), desc(d), cfg(c) {}
+  ~State() {
+    for (cudaStream_t st : side) cudaStreamDestroy(st);
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    if (start) cudaEventDestroy(start);
+  }
 };
+
+// Rows per copy of the copy engine: the most 128-row chunks (a power of two dividing the band)
+// that keep a copy at or under 4 MiB and the band at 4 or more copies; at least one chunk.
+int auto_copy_rows(int64_t m_local, int64_t k) {
+  const int64_t chunks = m_local / kBlockM, chunk_bytes = kBlockM * k * 2;
+  int64_t c = 1;
+  while (chunks % (2 * c) == 0 && 2 * c * chunk_bytes <= (int64_t(4) << 20) && chunks / (2 * c) >= 4) c *= 2;
+  return int(c * kBlockM);
+}
 
 // Pieces per 128-row chunk: the fewest (a power of two, at most 32) that give every GEMM CTA's
 // send warps a piece of the push.
@@ -123,8 +162,13 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
 
 std::string to_string(const AgGemmConfig& c, int num_sms) {
   std::ostringstream os;
-  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) chunk_rows=" << kBlockM
-     << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
+  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) chunk_rows=" << kBlockM;
+  if (c.transport == AgTransport::kCopyEngine) {
+    os << " group_m=" << c.group_m << " push=copy-engine(copy_rows="
+       << (c.copy_rows > 0 ? std::to_string(c.copy_rows) : std::string("auto")) << ")";
+    return os.str();
+  }
+  os << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
      << " group_m=" << c.group_m << " push=send-warps"
      << (c.push_ctas > 0 ? "(" + std::to_string(c.push_ctas) + " ctas)" : std::string());
   return os.str();
@@ -143,9 +187,27 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.push_ctas >= 0, "push_ctas ", cfg.push_ctas, " must not be negative (0 = every CTA)");
   CCFUSE_ARG_CHECK(cfg.pieces_per_chunk == 0 || (cfg.pieces_per_chunk <= 32 && (cfg.pieces_per_chunk & (cfg.pieces_per_chunk - 1)) == 0),
                    "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
+  CCFUSE_ARG_CHECK(cfg.transport == AgTransport::kSendWarps || cfg.transport == AgTransport::kCopyEngine,
+                   "ag_gemm: transport ", int(cfg.transport), " is not an AgTransport");
+  CCFUSE_ARG_CHECK(cfg.copy_rows == 0 || (cfg.copy_rows > 0 && cfg.copy_rows % kBlockM == 0 && s_->m_local % cfg.copy_rows == 0),
+                   "copy_rows ", cfg.copy_rows, " must be 0 (auto) or a multiple of 128 that divides m / world_size = ",
+                   s_->m_local);
   gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{128, 256, 64, 4, 0});
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
   s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
+  if (cfg.transport == AgTransport::kCopyEngine) {
+    s_->copy_rows = cfg.copy_rows > 0 ? cfg.copy_rows : auto_copy_rows(s_->m_local, d.k);
+    s_->ce_sig = team.make_signals("ag_gemm.copy_engine", int(d.m / s_->copy_rows));
+    CCFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&s_->start, cudaEventDisableTiming));
+    for (int i = 1; i < w; ++i) {
+      cudaStream_t st = nullptr;
+      CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      s_->side.push_back(st);
+      cudaEvent_t e = nullptr;
+      CCFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      s_->done.push_back(e);
+    }
+  }
 }
 
 AgGemm::~AgGemm() = default;
@@ -163,9 +225,9 @@ namespace {
 // The TMA-store epilogue (3 stages + swizzled C staging, stores overlapped with the next tile)
 // when C's rows are 16-byte aligned (n a multiple of 8); the register epilogue (4 stages)
 // otherwise.
-template <class E, bool kNK>
+template <class E, bool kNK, class Epi>
 void launch_ag_layout(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local,
-                      const AgSchedule& sched, const AgPushEpilogue& epi, const void* b, void* c, int sms,
+                      const AgSchedule& sched, const Epi& epi, const void* b, void* c, int sms,
                       cudaStream_t stream) {
   const int64_t ldb = kNK ? d.k : d.n;
   if (d.n % 8 == 0)
@@ -175,13 +237,18 @@ void launch_ag_layout(const AgGemmDesc& d, const void* gathered, const void* a_l
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, kNK>>(d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n,
                                                                           sched, epi, sms, stream, 1, 0, a_local, m_local);
 }
-template <class E>
+template <class Epi>
 void launch_ag(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local, const AgSchedule& sched,
-               const AgPushEpilogue& epi, const void* b, void* c, int sms, cudaStream_t stream) {
-  if (d.b_layout == gemm::BLayout::kNK)
-    launch_ag_layout<E, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
+               const Epi& epi, const void* b, void* c, int sms, cudaStream_t stream) {
+  const bool bf16 = d.dtype == DType::kBFloat16, nk = d.b_layout == gemm::BLayout::kNK;
+  if (bf16 && nk)
+    launch_ag_layout<cutlass::bfloat16_t, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
+  else if (bf16)
+    launch_ag_layout<cutlass::bfloat16_t, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
+  else if (nk)
+    launch_ag_layout<cutlass::half_t, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
   else
-    launch_ag_layout<E, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
+    launch_ag_layout<cutlass::half_t, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, stream);
 }
 }  // namespace
 
@@ -193,8 +260,13 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   CCFUSE_ARG_CHECK(c != s_->gather->local(), "c must not alias the gather buffer");
   for (auto [ptr, name] : {std::pair<const void*, const char*>{a_local, "a_local"}, {b, "b"}, {c, "c"}})
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned");
-  s_->sig->begin_call(stream);  // entry barrier + epoch
+  const bool ce = s_->cfg.transport == AgTransport::kCopyEngine;
+  // Entry barrier + epoch; the copy engine's fixed-value flags of the previous call are zeroed
+  // before this rank enters it.
+  s_->sig->begin_call(stream, ce ? s_->ce_sig.get() : nullptr);
   const int sms = s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms();
+  const int64_t row_bytes = d.k * 2, band_offset = int64_t(team.rank()) * s_->m_local * row_bytes;
+  char* gather_local = static_cast<char*>(s_->gather->local());
   AgSchedule sched;
   sched.m_tiles_per_band = int(s_->m_local / kBlockM);
   sched.n_tiles = int(ceil_div(d.n, 256));
@@ -202,6 +274,47 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   sched.rank = team.rank();
   sched.world = team.world_size();
   sched.m_local = s_->m_local;
+  sched.own_in_place = a_local != nullptr;
+  sched.alt_a_row0 = int64_t(sched.rank) * s_->m_local;
+  if (ce) {
+    // This rank's band to every peer on that peer's side stream (rank + 1 first), copy_rows rows
+    // a copy, each followed by its flag (= 1, zeroed by the next call's begin_call); then into
+    // this rank's own gather buffer (gathered_a()) when A_r came from a_local. Enqueued before
+    // the GEMM so that the first copy starts with it.
+    const char* src = a_local != nullptr ? static_cast<const char*>(a_local) : gather_local + band_offset;
+    const int64_t copies = s_->m_local / s_->copy_rows, copy_bytes = s_->copy_rows * row_bytes;
+    const comm::DeviceSignals& ce_dev = s_->ce_sig->device();
+    CCFUSE_CUDA_CHECK(cudaEventRecord(s_->start, stream));
+    for (int i = 1; i < sched.world; ++i) {
+      const int p = (sched.rank + i) % sched.world;
+      cudaStream_t side = s_->side[size_t(i - 1)];
+      CCFUSE_CUDA_CHECK(cudaStreamWaitEvent(side, s_->start, 0));
+      char* dst = static_cast<char*>(s_->gather->peer(p)) + band_offset;
+      for (int64_t cp = 0; cp < copies; ++cp) {
+        CCFUSE_CUDA_CHECK(cudaMemcpyAsync(dst + cp * copy_bytes, src + cp * copy_bytes, size_t(copy_bytes),
+                                          cudaMemcpyDeviceToDevice, side));
+        comm::stream_write_flag(side, ce_dev.flags[p] + sched.rank * copies + cp, 1);
+      }
+    }
+    if (a_local != nullptr) {
+      cudaStream_t side = s_->side.empty() ? stream : s_->side[0];
+      CCFUSE_CUDA_CHECK(cudaMemcpyAsync(gather_local + band_offset, a_local, size_t(s_->m_local * row_bytes),
+                                        cudaMemcpyDeviceToDevice, side));
+    }
+    sched.sig = ce_dev;
+    sched.epoch = 1;
+    sched.chunks_per_flag = s_->copy_rows / kBlockM;
+    sched.own_ready = true;
+    AgCeEpilogue epi;
+    epi.trace = s_->trace;
+    epi.trace_slots = s_->trace_slots;
+    launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, stream);
+    for (size_t i = 0; i < s_->side.size(); ++i) {  // join: the caller's stream covers the copies
+      CCFUSE_CUDA_CHECK(cudaEventRecord(s_->done[i], s_->side[i]));
+      CCFUSE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->done[i], 0));
+    }
+    return;
+  }
   sched.sig = s_->sig->device();
   const int gemm_ctas = int(std::min<int64_t>(sched.num_tiles(), sms));
   const int pushers = s_->cfg.push_ctas > 0 ? std::min(s_->cfg.push_ctas, gemm_ctas) : gemm_ctas;
@@ -210,8 +323,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.sig = sched.sig;
   epi.src = static_cast<const char*>(a_local);
   for (int r = 0; r < sched.world; ++r) epi.gather[r] = static_cast<char*>(s_->gather->peer(r));
-  epi.band_offset_bytes = int64_t(team.rank()) * s_->m_local * d.k * 2;
-  epi.row_bytes = d.k * 2;
+  epi.band_offset_bytes = band_offset;
+  epi.row_bytes = row_bytes;
   epi.rank = sched.rank;
   epi.world = sched.world;
   epi.m_tiles_per_band = sched.m_tiles_per_band;
@@ -220,12 +333,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.push_ctas = s_->cfg.push_ctas;
   epi.trace = s_->trace;
   epi.trace_slots = s_->trace_slots;
-  sched.own_in_place = a_local != nullptr;
-  sched.alt_a_row0 = int64_t(sched.rank) * s_->m_local;
-  if (d.dtype == DType::kBFloat16)
-    launch_ag<cutlass::bfloat16_t>(d, s_->gather->local(), a_local, s_->m_local, sched, epi, b, c, sms, stream);
-  else
-    launch_ag<cutlass::half_t>(d, s_->gather->local(), a_local, s_->m_local, sched, epi, b, c, sms, stream);
+  launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, stream);
 }
 
 }  // namespace ccfuse::tp

@@ -1,4 +1,4 @@
-// Fused AllGather + GEMM (v1) on all local GPUs (>= 2; skipped otherwise) against an fp64
+// Fused AllGather + GEMM (both transports) on all local GPUs (>= 2; skipped otherwise) against an fp64
 // reference computed from the full A, which the test builds itself (it does not trust the gather).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -32,6 +32,8 @@ struct Shape {
   int64_t m, n, k;
   gemm::BLayout layout;
   int push_ctas = 0;  // AgGemmConfig::push_ctas (0: every CTA pushes)
+  AgTransport transport = AgTransport::kSendWarps;
+  int copy_rows = 0;  // AgGemmConfig::copy_rows (copy engine; 0: auto)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -55,6 +57,8 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     d.b_layout = sh.layout;
     AgGemmConfig cfg;
     cfg.push_ctas = sh.push_ctas;
+    cfg.transport = sh.transport;
+    cfg.copy_rows = sh.copy_rows;
     AgGemm op(team, d, cfg);
     const int64_t m_local = d.m / w;
     cudaStream_t s;
@@ -117,6 +121,25 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     EXPECT_TRUE(first == last) << "rank " << r << ": 1000 back-to-back calls changed the result";
     team.barrier(s);
     team.synchronize(s);
+    // CUDA-graph replays (the copy engine's side streams, copies and stream-written flags are
+    // captured too), with A_r from a_r this time: the result stays the first call's.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CCFUSE_CUDA_CHECK(cudaMemcpy(a_r, op.local_a(), size_t(m_local * d.k) * 2, cudaMemcpyDeviceToDevice));
+    CCFUSE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    op.run(a_r, b, c, s);
+    CCFUSE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, last.size() * 2));
+    CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int i = 0; i < 50; ++i) CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    team.synchronize(s);
+    CCFUSE_CUDA_CHECK(cudaMemcpy(last.data(), c, last.size() * 2, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(first == last) << "rank " << r << ": 50 graph replays changed the result";
+    team.barrier(s);
+    team.synchronize(s);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
     for (void* p : {a_r, b, c, a_full}) cudaFree(p);
     cudaFree(ref);
     cudaStreamDestroy(s);
@@ -127,13 +150,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                          ::testing::Values(Shape{512, 520, 776, gemm::BLayout::kNK},
                                            Shape{1024, 1024, 1024, gemm::BLayout::kKN},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK},
-                                           // few pushing CTAs (written 2026-11-29 late, not yet run)
+                                           // few pushing CTAs
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 7},
-                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 1}),
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 1},
+                                           // copy engine: auto copy size, one chunk a copy, a whole band a copy
+                                           Shape{512, 520, 776, gemm::BLayout::kNK, 0, AgTransport::kCopyEngine},
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine},
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kCopyEngine, 128},
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine,
+                                                 2048}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
-                                                  i.param.push_ctas ? detail::str_cat("_push", i.param.push_ctas) : "");
+                                                  i.param.push_ctas ? detail::str_cat("_push", i.param.push_ctas) : "",
+                                                  i.param.transport == AgTransport::kCopyEngine
+                                                      ? detail::str_cat("_ce", i.param.copy_rows)
+                                                      : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
@@ -157,6 +189,17 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()),
                 "m / world_size = 64 must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
+    }
+    d.m = 512 * w;
+    AgGemmConfig cfg;
+    cfg.transport = AgTransport::kCopyEngine;
+    cfg.copy_rows = 384;
+    try {
+      AgGemm op(team, d, cfg);
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "copy_rows 384 must be 0 (auto) or a multiple of 128 that divides m / world_size = 512");
     }
   });
 }

@@ -118,7 +118,11 @@ class SignalSet {
   int num_signals() const { return num_signals_; }
   const DeviceSignals& device() const { return dev_; }
   // Entry barrier (every rank has finished its previous call on its stream) + epoch bump.
-  void begin_call(cudaStream_t stream) const;
+  // `reset`: a set whose local flags (the first num_signals) are zeroed before this rank enters
+  // the barrier: flags written with a fixed value (1) by the copy engine (cuStreamWriteValue64,
+  // which cannot read the device epoch) are consumed once per call and cleared here, before any
+  // peer can start the next call's writes.
+  void begin_call(cudaStream_t stream, const SignalSet* reset = nullptr) const;
   // Host read of the device epoch counter (synchronous; tests and diagnostics only).
   epoch_t read_epoch() const;
 
@@ -131,6 +135,11 @@ class SignalSet {
   epoch_t* epoch_ = nullptr;  // device memory, local
   DeviceSignals dev_{};
 };
+
+// Stores `value` into `flag` (local or a peer's symmetric memory) from `stream`'s front end,
+// after a system-wide memory fence, in stream order (cuStreamWriteValue64): a flag that follows
+// a copy-engine copy on the same stream without using an SM. Capturable in CUDA graphs.
+void stream_write_flag(cudaStream_t stream, epoch_t* flag, epoch_t value);
 
 class Team {
  public:

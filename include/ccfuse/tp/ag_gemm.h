@@ -9,6 +9,13 @@
 // release a flag per piece; the GEMM takes bands in rank-rotated order (own band first), each
 // tile's producer waiting for the pieces of its 128-row chunk. Entry barrier and epochs come
 // from the Team's SignalSet: no host sync, back-to-back calls and CUDA graphs are safe.
+//
+// Copy-engine transport (AgTransport::kCopyEngine): the GEMM kernel runs without send warps
+// (the standalone engine's register split), and this rank's band goes to every peer by
+// cudaMemcpyAsync on a side stream per peer, copy_rows rows at a time, each copy followed on
+// that stream by cuStreamWriteValue64(flag, 1) (no SM is used for the transfer). Those flags
+// hold a fixed value and are zeroed by the next call's entry barrier (SignalSet::begin_call's
+// reset set) before any peer may write them again.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,14 +34,25 @@ struct AgGemmDesc {
   gemm::BLayout b_layout = gemm::BLayout::kNK;
 };
 
+// How this rank's A band reaches its peers.
+enum class AgTransport {
+  kSendWarps,   // the GEMM CTAs' idle producer warps store it over NVLink before their first tile
+  kCopyEngine,  // cudaMemcpyAsync + cuStreamWriteValue64 flags on side streams (no SM)
+};
+const char* transport_name(AgTransport t);  // "sm-send-warps" | "copy-engine" (the tuner's names)
+
 struct AgGemmConfig {
+  AgTransport transport = AgTransport::kSendWarps;
+  // Copy engine only: rows per copy (and flag); a multiple of 128 dividing M / W. 0 = auto
+  // (about 4 MiB per copy, at least 4 copies per band where the band allows).
+  int copy_rows = 0;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
   int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;
   // CTAs whose send warps push A (the first push_ctas of the grid); 0 = every GEMM CTA. 16-32
-  // CTAs saturate NVLink (docs/perf-notes.md, ceilings); fewer pushers leave the rest of the
-  // GEMM undisturbed during the push. EXPERIMENT (written 2026-11-29 late, not yet measured):
-  // the tool reads CCFUSE_AG_PUSH_CTAS.
+  // CTAs saturate NVLink (docs/perf-notes.md, ceilings). Measured 2026-11-30: slower on every
+  // shape (16 pushers: 2.92 -> 3.34 ms on 8192x14336x8192; the GEMM waits for the push), so
+  // nothing sets it but tests; send warps only.
   int push_ctas = 0;
 };
 
