@@ -73,7 +73,7 @@ if [[ " $what " == *" tp "* ]]; then
     set -- $spec; peer_shapes+=(--shape "$1,$2,$3,$4")
   done
   ngpu=$(nvidia-smi -L | wc -l)
-  [[ -n "${CCFUSE_TP_ONLY:-}" ]] && peer_shapes=()
+  [[ -n "${CCFUSE_TP_ONLY:-}" || -n "${CCFUSE_TP_NO_PEER:-}" ]] && peer_shapes=()  # A/B runs: no peer baseline
   if [[ ${#peer_shapes[@]} -gt 0 ]]; then
     timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_async_tp_bench.py \
       --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" > "$OUT/tp_peer.log" 2>&1 || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
@@ -248,15 +248,16 @@ if [[ " $what " == *" moe_ab "* ]]; then
   done
 fi
 if [[ " $what " == *" tp_ab "* ]]; then
-  # A/B of ag_gemm's transport (AgGemmConfig::transport): the GEMM CTAs' send warps against the
-  # copy engine (cudaMemcpyAsync + cuStreamWriteValue64 flags on side streams), each with its own
-  # serial baselines, then a correctness check of each on an edge shape.
-  for tr in sm-send-warps copy-engine; do
-    CCFUSE_AG_TRANSPORT=$tr CCFUSE_TP_ONLY=ag_gemm OUT="$OUT/$tr" bash "$0" tp > "$OUT/tp_$tr.log" 2>&1 || status=1
-    CCFUSE_AG_TRANSPORT=$tr timeout 120 $BIN/ccfuse check --op ag_gemm --m 1024 --n 520 --k 784 --dtype bf16 \
+  # A/B of the fused TP ops against the defaults (the tp section): without 2-CTA clusters
+  # (CCFUSE_TP_CLUSTER=1, every op), and ag_gemm over the copy engine (CCFUSE_AG_TRANSPORT), each
+  # with its own serial baselines in the same rounds; then a correctness check of each variant.
+  for variant in cluster1 copy-engine; do
+    if [[ $variant == cluster1 ]]; then vars=(CCFUSE_TP_CLUSTER=1 CCFUSE_TP_NO_PEER=1); else vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm); fi
+    env "${vars[@]}" OUT="$OUT/$variant" bash "$0" tp > "$OUT/tp_$variant.log" 2>&1 || status=1
+    env "${vars[@]}" timeout 120 $BIN/ccfuse check --op ag_gemm --m 1024 --n 520 --k 784 --dtype bf16 \
       2>&1 | tee -a "$OUT/tp_ab_check.log" | tail -n 1
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
-    summary+=("ag_gemm transport=$tr: $(grep -E '^ag_gemm ' "$OUT/tp_$tr.log" | awk '{printf "%s:%s ", $2, $5}')")
+    summary+=("tp variant $variant (${vars[*]}): $OUT/tp_$variant.log")
   done
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then

@@ -63,11 +63,21 @@ tp::TpChoice tuned(const Options& o, int sms) {
   p.num_sms = sms;
   return tp::choose_tp_config(p);
 }
+// A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_TP_CLUSTER=1 | 2 overrides the fused TP GEMMs'
+// cluster size (default 0 = auto); the record's config says which ran.
+int cluster_override() {
+  const char* v = std::getenv("CCFUSE_TP_CLUSTER");
+  if (v == nullptr || !*v) return 0;
+  const std::string t = v;
+  CCFUSE_ARG_CHECK(t == "1" || t == "2", "CCFUSE_TP_CLUSTER '", t, "' must be 1 or 2");
+  return std::stoi(t);
+}
 tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
   tp::AgGemmConfig cfg;
   cfg.pieces_per_chunk = c.pieces_per_chunk;
   cfg.group_m = c.group_m;
   cfg.transport = c.transport == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
+  cfg.cluster_m = cluster_override();
   // A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_AG_TRANSPORT=copy-engine | sm-send-warps overrides
   // the tuner; the record's config says which ran.
   if (const char* v = std::getenv("CCFUSE_AG_TRANSPORT"); v != nullptr && *v) {
@@ -81,6 +91,7 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
 tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   tp::GemmRsConfig cfg;
   cfg.group_m = c.group_m;
+  cfg.cluster_m = cluster_override();
   return cfg;
 }
 std::string fused_config(const Options& o, int sms) {

@@ -29,6 +29,28 @@ struct BandedTiles {
     const int64_t row0 = band * m_local + int64_t(c.m_tile) * kBlockM;
     return gemm::TileWork{band * m_tiles_per_band + c.m_tile, c.n_tile, 0, row0, (band + 1) * m_local};
   }
+  // 2-CTA clusters (B multicast, as in the plain GEMM): unit `idx` is a pair of vertically
+  // adjacent row tiles of one band, in the same band order; CTA `cta_rank` of the cluster takes
+  // row tile 2 * pair + cta_rank. Needs an even m_tiles_per_band (the host checks).
+  CCFUSE_HD int64_t num_pairs() const { return int64_t(world) * (m_tiles_per_band / 2) * n_tiles; }
+  CCFUSE_HD gemm::TileWork work_pair(int64_t idx, int cta_rank) const {
+    const int m_pairs = m_tiles_per_band / 2;
+    const int64_t per_band = int64_t(m_pairs) * n_tiles;
+    const int step = int(idx / per_band);
+    const int band = peers_first ? rs_band_at(rank, world, step) : ag_band_at(rank, world, step);
+    const gemm::TileCoord c = gemm::grouped_row_major(idx % per_band, m_pairs, n_tiles, group_m > 1 ? group_m / 2 : 1);
+    const int mt = 2 * c.m_tile + cta_rank;
+    const int64_t row0 = band * m_local + int64_t(mt) * kBlockM;
+    return gemm::TileWork{band * m_tiles_per_band + mt, c.n_tile, 0, row0, (band + 1) * m_local};
+  }
 };
+
+// The cluster size of a banded launch: `requested` (1 or 2, validated by the op's constructor:
+// 2 needs an even m_tiles_per_band), or for 0 (auto) 2 when every band has an even number of row
+// tiles (pairs never straddle bands), else 1.
+inline int banded_cluster_m(int requested, int m_tiles_per_band) {
+  if (requested != 0) return requested;
+  return m_tiles_per_band % 2 == 0 ? 2 : 1;
+}
 
 }  // namespace ccfuse::tp

@@ -143,7 +143,9 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce) {
   std::ostringstream os;
-  os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=4 sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
+  os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=4 cluster="
+     << (c.cluster_m > 0 ? std::to_string(c.cluster_m) : std::string("auto(2 if even tiles/band)"))
+     << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
      << (all_reduce ? " allgather=epilogue-stores+tail-copy" : "");
   return os.str();
@@ -177,9 +179,13 @@ struct RsState {
     CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, op, ": dtype must be bf16 or fp16, not ",
                      dtype_name(d.dtype));
     CCFUSE_ARG_CHECK(cfg.group_m >= 1, op, ": group_m ", cfg.group_m, " must be at least 1");
+    CCFUSE_ARG_CHECK(cfg.cluster_m >= 0 && cfg.cluster_m <= 2, op, ": cluster_m ", cfg.cluster_m,
+                     " must be 0 (auto), 1 or 2");
     gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
     m_tiles_per_band = int(ceil_div(m_local, kBlockM));
+    CCFUSE_ARG_CHECK(cfg.cluster_m != 2 || m_tiles_per_band % 2 == 0, op, ": cluster_m 2 needs an even number of ",
+                     "128-row tiles per band (m / world_size = ", m_local, " gives ", m_tiles_per_band, ")");
     n_tiles = int(ceil_div(d.n, kBlockN));
     const int64_t tpb = int64_t(m_tiles_per_band) * n_tiles;
     CCFUSE_ARG_CHECK(tpb * w * (ar ? 2 : 1) < int64_t(1) << 30, op, ": too many tiles (", tpb * w, ")");
@@ -251,12 +257,20 @@ struct RsState {
     epi.trace_slots = trace_slots;
     const int sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
     const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
-    if (d.b_layout == gemm::BLayout::kNK)
-      gemm::sm90::launch_gemm<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, true>>(d.m, d.n, d.k, a, d.k, b, ldb, c,
-                                                                                  d.n, sched, epi, sms, stream);
-    else
-      gemm::sm90::launch_gemm<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, false>>(d.m, d.n, d.k, a, d.k, b, ldb, c,
-                                                                                   d.n, sched, epi, sms, stream);
+    const bool nk = d.b_layout == gemm::BLayout::kNK;
+    if (banded_cluster_m(cfg.cluster_m, m_tiles_per_band) == 2) {
+      if (nk) launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, true, 2>>(a, b, ldb, c, sched, epi, sms, stream);
+      else launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, false, 2>>(a, b, ldb, c, sched, epi, sms, stream);
+    } else {
+      if (nk) launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, true>>(a, b, ldb, c, sched, epi, sms, stream);
+      else launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, false>>(a, b, ldb, c, sched, epi, sms, stream);
+    }
+  }
+  template <class T, class Epi>
+  void launch(const void* a, const void* b, int64_t ldb, void* c, const RsSchedule& sched, const Epi& epi, int sms,
+              cudaStream_t stream) {
+    const GemmRsDesc& d = desc;
+    gemm::sm90::launch_gemm<T>(d.m, d.n, d.k, a, d.k, b, ldb, c, d.n, sched, epi, sms, stream);
   }
 };
 

@@ -34,6 +34,7 @@ struct Shape {
   int push_ctas = 0;  // AgGemmConfig::push_ctas (0: every CTA pushes)
   AgTransport transport = AgTransport::kSendWarps;
   int copy_rows = 0;  // AgGemmConfig::copy_rows (copy engine; 0: auto)
+  int cluster_m = 0;  // AgGemmConfig::cluster_m (0: auto, 2 where M / W is a multiple of 256)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -59,6 +60,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     cfg.push_ctas = sh.push_ctas;
     cfg.transport = sh.transport;
     cfg.copy_rows = sh.copy_rows;
+    cfg.cluster_m = sh.cluster_m;
     AgGemm op(team, d, cfg);
     const int64_t m_local = d.m / w;
     cudaStream_t s;
@@ -158,14 +160,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kCopyEngine, 128},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine,
-                                                 2048}),
+                                                 2048},
+                                           // no clusters (auto picks 2-CTA clusters for the shapes above at W = 2)
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1},
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 1},
+                                           // 384 rows per band at W = 2: odd row tiles, auto falls back to 1
+                                           Shape{768, 1024, 1024, gemm::BLayout::kNK}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
                                                   i.param.push_ctas ? detail::str_cat("_push", i.param.push_ctas) : "",
                                                   i.param.transport == AgTransport::kCopyEngine
                                                       ? detail::str_cat("_ce", i.param.copy_rows)
-                                                      : "");
+                                                      : "",
+                                                  i.param.cluster_m ? detail::str_cat("_cluster", i.param.cluster_m) : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
@@ -200,6 +208,16 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()),
                 "copy_rows 384 must be 0 (auto) or a multiple of 128 that divides m / world_size = 512");
+    }
+    d.m = 384 * w;
+    cfg = AgGemmConfig{};
+    cfg.cluster_m = 2;
+    try {
+      AgGemm op(team, d, cfg);
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "cluster_m 2 needs m / world_size = 384 to be a multiple of 256 (tile pairs inside a band)");
     }
   });
 }

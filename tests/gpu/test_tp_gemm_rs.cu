@@ -50,11 +50,12 @@ struct Case {
   gemm::BLayout layout;
   DType dtype;
   bool all_reduce;
+  int cluster_m = 0;  // GemmRsConfig::cluster_m (0: auto, 2 where a band's row tiles pair up)
 };
 
 std::string case_name(const Case& c) {
   return detail::str_cat(c.all_reduce ? "ar_" : "rs_", c.m, "x", c.n, "x", c.k, "_", gemm::b_layout_name(c.layout), "_",
-                         dtype_name(c.dtype));
+                         dtype_name(c.dtype), c.cluster_m ? detail::str_cat("_cluster", c.cluster_m) : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -93,8 +94,10 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     d.b_layout = cs.layout;
     std::unique_ptr<GemmRs> rs;
     std::unique_ptr<GemmAr> ar;
-    if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d);
-    else rs = std::make_unique<GemmRs>(team, d);
+    GemmRsConfig cfg;
+    cfg.cluster_m = cs.cluster_m;
+    if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
+    else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
       if (ar) ar->run(a, b, c, s);
       else rs->run(a, b, c, s);
@@ -190,6 +193,7 @@ std::vector<Case> cases() {
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar});  // bands of 500 rows (W = 2)
     v.push_back({48, 264, 64, gemm::BLayout::kKN, DType::kBFloat16, ar});     // M < 64
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar});
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1});  // no clusters
   }
   return v;
 }
@@ -235,6 +239,11 @@ TEST(FusedGemmReduceValidation, NamesTheArgumentAndTheRule) {
                    "n 260 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of B [K, N])");
     d.n = 256;
     d.b_layout = gemm::BLayout::kNK;
+    d.m = 384 * w;  // 3 row tiles per band: no pairs
+    GemmRsConfig cfg;
+    cfg.cluster_m = 2;
+    expect_invalid([&] { GemmRs op(team, d, cfg); },
+                   "gemm_rs: cluster_m 2 needs an even number of 128-row tiles per band (m / world_size = 384 gives 3)");
     GemmRs op(team, d);
     void* buf = nullptr;
     CCFUSE_CUDA_CHECK(cudaMalloc(&buf, size_t(d.m * d.k + d.n * d.k) * 2));

@@ -645,6 +645,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   const int cta_rank = kCluster > 1 ? int(cute::block_rank_in_cluster()) : 0;
   const int unit_start = (int(blockIdx.x) - side_ctas) / kCluster, unit_stride = (int(gridDim.x) - side_ctas) / kCluster;
+  // Per-CTA work that is not tile work (send_prologue, tail) is split over the GEMM CTAs, not the
+  // clusters (a cluster's two CTAs would otherwise do the same share twice).
+  const int gemm_cta = int(blockIdx.x) - side_ctas, gemm_ctas = int(gridDim.x) - side_ctas;
 
   Tensor sA = make_tensor(make_smem_ptr(ss.a), typename Traits::SmemLayoutA{});  // (BM, BK, stages)
   Tensor sB = make_tensor(make_smem_ptr(ss.b), typename Traits::SmemLayoutB{});  // (BN, BK, stages)
@@ -714,7 +717,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         constexpr int kSendThreads = 96;
         const int st = threadIdx.x - 32;
         // Work that does not wait for any tile first (AllGather+GEMM: pushing this rank's A).
-        epi.send_prologue(unit_start, unit_stride, st, kSendThreads);
+        epi.send_prologue(gemm_cta, gemm_ctas, st, kSendThreads);
         uint32_t handed = 0;
         for (int64_t t = unit_start; t < num_units; t += unit_stride) {
           const TileWork w = work_of(t);
@@ -844,7 +847,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // The staging buffer must outlive the last stores' reads of it.
       if (consumer_idx == 0) tma_store_wait<0>();
     }
-    if constexpr (Epilogue::kHasTail) epi.tail(consumer_idx, unit_start, unit_stride);
+    if constexpr (Epilogue::kHasTail) epi.tail(consumer_idx, gemm_cta, gemm_ctas);
   }
   if constexpr (kCluster > 1) {
     // No CTA leaves while its partner may still arrive on its barriers.
@@ -916,7 +919,9 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
     kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
   } else {
-    static_assert(std::is_same_v<Schedule, PlainSchedule>, "clusters are built for the plain schedule only");
+    // Clustered schedules hand out pairs of vertically adjacent tiles (num_pairs, work_pair):
+    // PlainSchedule and the fused TP ops' banded schedules.
+    static_assert(!Schedule::kHasSide, "side CTAs are built for unclustered launches");
     cudaLaunchConfig_t config{};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;

@@ -46,6 +46,9 @@ struct AgGemmConfig {
   // Copy engine only: rows per copy (and flag); a multiple of 128 dividing M / W. 0 = auto
   // (about 4 MiB per copy, at least 4 copies per band where the band allows).
   int copy_rows = 0;
+  // CTAs per cluster along M (B multicast to vertically adjacent tiles, as the plain GEMM does):
+  // 0 = 2 when M / W is a multiple of 256, else 1; 1; or 2 (needs M / W a multiple of 256).
+  int cluster_m = 0;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
   int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;

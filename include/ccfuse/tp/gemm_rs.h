@@ -43,6 +43,10 @@ struct GemmRsDesc {
 struct GemmRsConfig {
   int num_sms = 0;  // CTAs of the persistent GEMM; 0 = every SM
   int group_m = 8;
+  // CTAs per cluster along M (B multicast to vertically adjacent tiles, as the plain GEMM does):
+  // 0 = 2 when a band has an even number of 128-row tiles (ceil(M / W / 128)), else 1; 1; or 2
+  // (needs that even count).
+  int cluster_m = 0;
 };
 
 // "block=128x256x64 stages=4 sms=132 bands=staggered(own last) reduce=epilogue(fp32)"
