@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [trace] [gemm_tma]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -248,17 +248,35 @@ if [[ " $what " == *" moe_ab "* ]]; then
   done
 fi
 if [[ " $what " == *" tp_ab "* ]]; then
-  # A/B of the fused TP ops against the defaults (the tp section): without 2-CTA clusters
-  # (CCFUSE_TP_CLUSTER=1, every op), and ag_gemm over the copy engine (CCFUSE_AG_TRANSPORT), each
+  # A/B of the fused TP ops against the defaults (the tp section): in 2-CTA clusters
+  # (CCFUSE_TP_CLUSTER=2, every op), and ag_gemm over the copy engine (CCFUSE_AG_TRANSPORT), each
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
-  for variant in cluster1 copy-engine; do
-    if [[ $variant == cluster1 ]]; then vars=(CCFUSE_TP_CLUSTER=1 CCFUSE_TP_NO_PEER=1); else vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm); fi
+  for variant in cluster2 copy-engine; do
+    if [[ $variant == cluster2 ]]; then vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1); else vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm); fi
     env "${vars[@]}" OUT="$OUT/$variant" bash "$0" tp > "$OUT/tp_$variant.log" 2>&1 || status=1
     env "${vars[@]}" timeout 120 $BIN/ccfuse check --op ag_gemm --m 1024 --n 520 --k 784 --dtype bf16 \
       2>&1 | tee -a "$OUT/tp_ab_check.log" | tail -n 1
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
     summary+=("tp variant $variant (${vars[*]}): $OUT/tp_$variant.log")
   done
+fi
+if [[ " $what " == *" tp_w1 "* ]]; then
+  # Where the fused ops' 4-5 % over our own GEMM goes on the large shapes: the same fused kernels
+  # at world size 1 (no communication, no peer: entry barrier + banded schedule + epilogue hooks)
+  # against the plain engine and cuBLAS on the same per-rank GEMM.
+  : > "$OUT/tp_w1.log"
+  for spec in "ag_gemm 8192 14336 8192" "ag_gemm 16384 14336 8192" "gemm_rs 8192 8192 14336" "gemm_ar 8192 8192 14336" \
+              "ag_gemm 8192 3072 4096" "gemm_rs 8192 4096 3072"; do
+    set -- $spec
+    timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --world-size 1 --dtype bf16 --json "$OUT/tp_w1.jsonl" \
+      >> "$OUT/tp_w1.log" 2>&1 || status=1
+  done
+  summary+=("tp at W = 1: $(python3 -c "
+import json, sys
+for l in open('$OUT/tp_w1.jsonl'):
+    r = json.loads(l)
+    print('%s %dx%dx%d fused/ours %.3f;' % (r['op'], r['m'], r['n'], r['k'], r['t_fused_ms'] / r['t_gemm_ccfuse_ms']), end=' ')
+" 2>/dev/null)")
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then
   # The GEMM's TMA-store epilogue (opt-in, docs/perf-notes.md) against the register epilogue

@@ -63,11 +63,11 @@ tp::TpChoice tuned(const Options& o, int sms) {
   p.num_sms = sms;
   return tp::choose_tp_config(p);
 }
-// A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_TP_CLUSTER=1 | 2 overrides the fused TP GEMMs'
-// cluster size (default 0 = auto); the record's config says which ran.
+// A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_TP_CLUSTER=1 | 2 sets the fused TP GEMMs' cluster
+// size (default 1); the record's config says which ran.
 int cluster_override() {
   const char* v = std::getenv("CCFUSE_TP_CLUSTER");
-  if (v == nullptr || !*v) return 0;
+  if (v == nullptr || !*v) return 1;
   const std::string t = v;
   CCFUSE_ARG_CHECK(t == "1" || t == "2", "CCFUSE_TP_CLUSTER '", t, "' must be 1 or 2");
   return std::stoi(t);

@@ -163,7 +163,7 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
 std::string to_string(const AgGemmConfig& c, int num_sms) {
   std::ostringstream os;
   os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) cluster="
-     << (c.cluster_m > 0 ? std::to_string(c.cluster_m) : std::string("auto(2 if M/W%256==0)")) << " chunk_rows=" << kBlockM;
+     << c.cluster_m << " chunk_rows=" << kBlockM;
   if (c.transport == AgTransport::kCopyEngine) {
     os << " group_m=" << c.group_m << " push=copy-engine(copy_rows="
        << (c.copy_rows > 0 ? std::to_string(c.copy_rows) : std::string("auto")) << ")";
@@ -190,7 +190,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
                    "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
   CCFUSE_ARG_CHECK(cfg.transport == AgTransport::kSendWarps || cfg.transport == AgTransport::kCopyEngine,
                    "ag_gemm: transport ", int(cfg.transport), " is not an AgTransport");
-  CCFUSE_ARG_CHECK(cfg.cluster_m >= 0 && cfg.cluster_m <= 2, "cluster_m ", cfg.cluster_m, " must be 0 (auto), 1 or 2");
+  CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, "cluster_m ", cfg.cluster_m, " must be 1 or 2");
   CCFUSE_ARG_CHECK(cfg.cluster_m != 2 || s_->m_local % (2 * kBlockM) == 0, "cluster_m 2 needs m / world_size = ",
                    s_->m_local, " to be a multiple of 256 (tile pairs inside a band)");
   CCFUSE_ARG_CHECK(cfg.copy_rows == 0 || (cfg.copy_rows > 0 && cfg.copy_rows % kBlockM == 0 && s_->m_local % cfg.copy_rows == 0),
@@ -227,14 +227,14 @@ void AgGemm::set_trace(gemm::TileTrace* records, int slots_per_cta) {
 
 namespace {
 // The TMA-store epilogue (3 stages + swizzled C staging, stores overlapped with the next tile)
-// when C's rows are 16-byte aligned (n a multiple of 8), in 2-CTA clusters when the band's row
-// tiles pair up (banded_cluster_m); the register epilogue (4 stages, no clusters) otherwise.
+// when C's rows are 16-byte aligned (n a multiple of 8), in 2-CTA clusters when asked for; the
+// register epilogue (4 stages, no clusters) otherwise.
 template <class E, bool kNK, class Epi>
 void launch_ag_layout(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local,
                       const AgSchedule& sched, const Epi& epi, const void* b, void* c, int sms, int cluster_m,
                       cudaStream_t stream) {
   const int64_t ldb = kNK ? d.k : d.n;
-  if (d.n % 8 == 0 && banded_cluster_m(cluster_m, sched.m_tiles_per_band) == 2)
+  if (d.n % 8 == 0 && cluster_m == 2)
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 3, kNK, 2, true>>(
         d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
   else if (d.n % 8 == 0)

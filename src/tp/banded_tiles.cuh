@@ -45,12 +45,5 @@ struct BandedTiles {
   }
 };
 
-// The cluster size of a banded launch: `requested` (1 or 2, validated by the op's constructor:
-// 2 needs an even m_tiles_per_band), or for 0 (auto) 2 when every band has an even number of row
-// tiles (pairs never straddle bands), else 1.
-inline int banded_cluster_m(int requested, int m_tiles_per_band) {
-  if (requested != 0) return requested;
-  return m_tiles_per_band % 2 == 0 ? 2 : 1;
-}
 
 }  // namespace ccfuse::tp

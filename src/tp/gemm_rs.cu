@@ -144,7 +144,7 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce) {
   std::ostringstream os;
   os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=4 cluster="
-     << (c.cluster_m > 0 ? std::to_string(c.cluster_m) : std::string("auto(2 if even tiles/band)"))
+     << c.cluster_m
      << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
      << (all_reduce ? " allgather=epilogue-stores+tail-copy" : "");
@@ -179,8 +179,7 @@ struct RsState {
     CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, op, ": dtype must be bf16 or fp16, not ",
                      dtype_name(d.dtype));
     CCFUSE_ARG_CHECK(cfg.group_m >= 1, op, ": group_m ", cfg.group_m, " must be at least 1");
-    CCFUSE_ARG_CHECK(cfg.cluster_m >= 0 && cfg.cluster_m <= 2, op, ": cluster_m ", cfg.cluster_m,
-                     " must be 0 (auto), 1 or 2");
+    CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, op, ": cluster_m ", cfg.cluster_m, " must be 1 or 2");
     gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
     m_tiles_per_band = int(ceil_div(m_local, kBlockM));
@@ -258,7 +257,7 @@ struct RsState {
     const int sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
     const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
     const bool nk = d.b_layout == gemm::BLayout::kNK;
-    if (banded_cluster_m(cfg.cluster_m, m_tiles_per_band) == 2) {
+    if (cfg.cluster_m == 2) {
       if (nk) launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, true, 2>>(a, b, ldb, c, sched, epi, sms, stream);
       else launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, false, 2>>(a, b, ldb, c, sched, epi, sms, stream);
     } else {

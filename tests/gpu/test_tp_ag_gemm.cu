@@ -34,7 +34,7 @@ struct Shape {
   int push_ctas = 0;  // AgGemmConfig::push_ctas (0: every CTA pushes)
   AgTransport transport = AgTransport::kSendWarps;
   int copy_rows = 0;  // AgGemmConfig::copy_rows (copy engine; 0: auto)
-  int cluster_m = 0;  // AgGemmConfig::cluster_m (0: auto, 2 where M / W is a multiple of 256)
+  int cluster_m = 1;  // AgGemmConfig::cluster_m (2: 2-CTA clusters)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -161,10 +161,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kCopyEngine, 128},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine,
                                                  2048},
-                                           // no clusters (auto picks 2-CTA clusters for the shapes above at W = 2)
-                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1},
-                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 1},
-                                           // 384 rows per band at W = 2: odd row tiles, auto falls back to 1
+                                           // 2-CTA clusters (opt-in)
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 2},
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 2},
+                                           // 384 rows per band at W = 2: an odd number of row tiles
                                            Shape{768, 1024, 1024, gemm::BLayout::kNK}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                   i.param.transport == AgTransport::kCopyEngine
                                                       ? detail::str_cat("_ce", i.param.copy_rows)
                                                       : "",
-                                                  i.param.cluster_m ? detail::str_cat("_cluster", i.param.cluster_m) : "");
+                                                  i.param.cluster_m != 1 ? detail::str_cat("_cluster", i.param.cluster_m) : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {

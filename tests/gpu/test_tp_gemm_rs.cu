@@ -50,12 +50,12 @@ struct Case {
   gemm::BLayout layout;
   DType dtype;
   bool all_reduce;
-  int cluster_m = 0;  // GemmRsConfig::cluster_m (0: auto, 2 where a band's row tiles pair up)
+  int cluster_m = 1;  // GemmRsConfig::cluster_m (2: 2-CTA clusters)
 };
 
 std::string case_name(const Case& c) {
   return detail::str_cat(c.all_reduce ? "ar_" : "rs_", c.m, "x", c.n, "x", c.k, "_", gemm::b_layout_name(c.layout), "_",
-                         dtype_name(c.dtype), c.cluster_m ? detail::str_cat("_cluster", c.cluster_m) : "");
+                         dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -193,7 +193,8 @@ std::vector<Case> cases() {
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar});  // bands of 500 rows (W = 2)
     v.push_back({48, 264, 64, gemm::BLayout::kKN, DType::kBFloat16, ar});     // M < 64
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar});
-    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1});  // no clusters
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 2});  // 2-CTA clusters (opt-in)
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 2});
   }
   return v;
 }

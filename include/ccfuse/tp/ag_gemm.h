@@ -46,9 +46,10 @@ struct AgGemmConfig {
   // Copy engine only: rows per copy (and flag); a multiple of 128 dividing M / W. 0 = auto
   // (about 4 MiB per copy, at least 4 copies per band where the band allows).
   int copy_rows = 0;
-  // CTAs per cluster along M (B multicast to vertically adjacent tiles, as the plain GEMM does):
-  // 0 = 2 when M / W is a multiple of 256, else 1; 1; or 2 (needs M / W a multiple of 256).
-  int cluster_m = 0;
+  // CTAs per cluster along M: 1, or 2 (B multicast to vertically adjacent tiles, as the plain
+  // GEMM does; needs M / W a multiple of 256). Measured 2026-11-30: 2 was 0-3 % slower on the TP
+  // shapes (a pair moves in lockstep, so one CTA's flag wait stalls both), so 1 is the default.
+  int cluster_m = 1;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
   int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;

@@ -43,10 +43,11 @@ struct GemmRsDesc {
 struct GemmRsConfig {
   int num_sms = 0;  // CTAs of the persistent GEMM; 0 = every SM
   int group_m = 8;
-  // CTAs per cluster along M (B multicast to vertically adjacent tiles, as the plain GEMM does):
-  // 0 = 2 when a band has an even number of 128-row tiles (ceil(M / W / 128)), else 1; 1; or 2
-  // (needs that even count).
-  int cluster_m = 0;
+  // CTAs per cluster along M: 1, or 2 (B multicast to vertically adjacent tiles, as the plain
+  // GEMM does; needs an even number of 128-row tiles per band, ceil(M / W / 128)). Measured
+  // 2026-11-30: 2 was 1-5 % slower on the TP shapes (a pair moves in lockstep, so one CTA's wait
+  // for the peers' partials stalls both), so 1 is the default.
+  int cluster_m = 1;
 };
 
 // "block=128x256x64 stages=4 sms=132 bands=staggered(own last) reduce=epilogue(fp32)"
