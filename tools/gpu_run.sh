@@ -296,10 +296,13 @@ if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where
   # their time goes against the same kernel without communication (W = 1) (docs/tp-fusion.md).
   : > "$OUT/tile_trace.log"
-  for spec in "ag_gemm 8192 3072 4096 2" "gemm_rs 8192 4096 6144 2" "gemm_rs 8192 4096 3072 1" \
-              "gemm_rs 8192 8192 28672 2" "gemm_ar 4096 4096 14336 2"; do
+  # CCFUSE_TRACE_SPECS="op m n k w; ...": other shapes (e.g. "ag_gemm 8192 14336 8192 2; ag_gemm 8192 14336 8192 1").
+  specs=("ag_gemm 8192 3072 4096 2" "gemm_rs 8192 4096 6144 2" "gemm_rs 8192 4096 3072 1" \
+         "gemm_rs 8192 8192 28672 2" "gemm_ar 4096 4096 14336 2")
+  [[ -n "${CCFUSE_TRACE_SPECS:-}" ]] && IFS=';' read -ra specs <<< "$CCFUSE_TRACE_SPECS"
+  for spec in "${specs[@]}"; do
     set -- $spec
-    prefix="$OUT/trace_$1_$2x$3x$4_w$5"
+    prefix="$OUT/trace_$1_$2x$3x$4_w$5${CCFUSE_AG_TRANSPORT:+_$CCFUSE_AG_TRANSPORT}"
     CCFUSE_TILE_TRACE="$prefix" timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --world-size $5 --dtype bf16 \
       --iters 5 --warmup 2 >> "$OUT/tile_trace.log" 2>&1 || status=1
     python3 tools/tile_trace.py "$prefix".rank*.csv | tee -a "$OUT/tile_trace.log"
