@@ -515,8 +515,13 @@ int main(int argc, char** argv) {
             moe::MoeFfnConfig cfg;
             cfg.num_sms = 0;              // every SM
             cfg.check_routing = false;    // its host sync would be timed (the routing is valid by construction)
-            // CCFUSE_MOE_COMBINE=presum: layer 1's pre-summed combine (the record's config says which).
-            if (env_or("CCFUSE_MOE_COMBINE", "") == std::string("presum")) cfg.combine = moe::MoeCombine::kPresum;
+            // CCFUSE_MOE_COMBINE=presum | perslot: layer 1's combine (default: auto, i.e. presum for
+            // topk <= 32); the record's config says which ran.
+            const std::string combine = env_or("CCFUSE_MOE_COMBINE", "");
+            CCFUSE_CHECK(combine.empty() || combine == "presum" || combine == "perslot", "CCFUSE_MOE_COMBINE '",
+                         combine, "' must be presum or perslot");
+            if (combine == "presum") cfg.combine = moe::MoeCombine::kPresum;
+            if (combine == "perslot") cfg.combine = moe::MoeCombine::kPerSlot;
             // CCFUSE_MOE_SEND_ORDER=interleave: layer 0's interleaved send order (in the config too).
             cfg.interleave_sends = env_or("CCFUSE_MOE_SEND_ORDER", "") == std::string("interleave");
             moe::MoeFfn ffn(team, desc, cfg);

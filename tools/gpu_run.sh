@@ -214,7 +214,7 @@ if [[ " $what " == *" moe_fused "* ]]; then
   # of GPUs on the serial baseline's cases (Mixtral, Qwen3, DeepSeek-V3-like; 4096/8192/16384 tokens
   # per GPU; uniform and zipf routing): whole layer, each layer alone, our grouped GEMMs without
   # communication, fp64 spot check. Merged with the moe section's records (tools/merge_moe.py).
-  # CCFUSE_MOE_COMBINE=presum times layer 1's pre-summed combine instead of the per-slot one.
+  # CCFUSE_MOE_COMBINE=perslot | presum overrides layer 1's combine (default: presum for topk <= 32).
   : > "$OUT/moe_fused.jsonl"
   timeout ${CCFUSE_MOE_TIMEOUT:-400} $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused.jsonl" --iters 10 --warmup 3 2>&1 \
     | tee "$OUT/moe_fused.log"
@@ -227,12 +227,12 @@ if [[ " $what " == *" moe_fused "* ]]; then
   fi
 fi
 if [[ " $what " == *" moe_ab "* ]]; then
-  # A/B of the MoE FFN's opt-in variants (docs/perf-notes.md): the default, the pre-summed combine,
+  # A/B of the MoE FFN's variants (docs/perf-notes.md): the default (pre-summed combine), the per-slot combine,
   # the interleaved send order, and both, each merged with the serial baseline of the same call
   # (run "moe" first in the same call, e.g. `gpu_run.sh moe moe_ab`).
-  for variant in default presum interleave presum+interleave; do
+  for variant in default perslot interleave perslot+interleave; do
     combine=""; order=""
-    [[ $variant == *presum* ]] && combine=presum
+    [[ $variant == *perslot* ]] && combine=perslot
     [[ $variant == *interleave* ]] && order=interleave
     CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \

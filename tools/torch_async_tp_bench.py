@@ -3,7 +3,11 @@
 
 Times torch.ops.symm_mem.fused_all_gather_matmul (ag_gemm) and fused_matmul_reduce_scatter
 (gemm_rs) with CUDA events (warm-up, median of --iters, a barrier before each run) and appends
-one JSON line per (op, shape) from rank 0: {op, world_size, m, n, k, dtype, t_peer_ms, peer}.
+one JSON line per (op, shape) from rank 0: {op, world_size, m, n, k, dtype, t_peer_ms,
+t_peer_mm_ms, peer}. t_peer_mm_ms is torch.mm of the same local GEMM (cuBLAS), timed in the same
+rounds, one run of each in turn: this process runs apart from the ccfuse bench, and the H200's
+clocks drift with temperature (up to 20 %), so t_peer_ms / t_peer_mm_ms is the figure that
+compares across the two runs (tools/merge_tp_peer.py scales it to the ccfuse run's cuBLAS time).
 Shapes follow the ccfuse tool: ag_gemm A_r [M/W, K], B [K, N]; gemm_rs A_r [M, K/W], B [K/W, N]
 (--k is the global K). Run one process per GPU:
 
@@ -31,18 +35,20 @@ def parse_shape(text):
     return op, int(m), int(n), int(k)
 
 
-def time_ms(fn, iters, warmup, group):
+def time_ms(fns, iters, warmup, group):
+    """Medians of each of fns, timed in the same rounds (one run of each per round, in turn)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    times = [[] for _ in fns]
     for i in range(warmup + iters):
-        dist.barrier(group=group)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for fn, t in zip(fns, times):
+            dist.barrier(group=group)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            if i >= warmup:
+                t.append(start.elapsed_time(end))
+    return [statistics.median(t) for t in times]
 
 
 def main():
@@ -69,6 +75,11 @@ def main():
 
             def run():
                 torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group.group_name)
+
+            a_full = torch.rand(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+            def mm():
+                torch.mm(a_full, b)
         else:
             a = torch.rand(m, k // world, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
             b = torch.rand(k // world, n, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
@@ -76,14 +87,20 @@ def main():
             def run():
                 torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group.group_name)
 
-        t = time_ms(run, args.iters, args.warmup, group)
-        # A collective op finishes with its slowest rank.
+            def mm():
+                torch.mm(a, b)
+
+        t = time_ms([run, mm], args.iters, args.warmup, group)
+        # A collective op finishes with its slowest rank (the local GEMM: the slowest GPU too).
         t_all = [None] * world
         dist.all_gather_object(t_all, t)
+        t_peer, t_mm = max(x[0] for x in t_all), max(x[1] for x in t_all)
         records.append({"op": op, "world_size": world, "m": m, "n": n, "k": k, "dtype": "bf16",
-                        "t_peer_ms": max(t_all), "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__})
+                        "t_peer_ms": t_peer, "t_peer_mm_ms": t_mm,
+                        "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__})
         if rank == 0:
-            print("%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms" % (op, m, n, k, max(t_all)), flush=True)
+            print("%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms, torch.mm of the local GEMM %.4f ms (ratio %.3f)"
+                  % (op, m, n, k, t_peer, t_mm, t_peer / t_mm), flush=True)
     if rank == 0:
         with open(args.json, "a") as f:
             for r in records:

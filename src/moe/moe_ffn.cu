@@ -529,6 +529,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(!d.swiglu || d.ffn % (kBlockN / 2) == 0, "ffn ", d.ffn,
                    " must be a multiple of 128 with swiglu (gate and up halves of every 256-column tile)");
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16, "moe_ffn: dtype must be bf16 in v1, not ", dtype_name(d.dtype));
+  if (cfg.combine == MoeCombine::kAuto) cfg.combine = d.topk <= 32 ? MoeCombine::kPresum : MoeCombine::kPerSlot;
+  s_->cfg.combine = cfg.combine;
   CCFUSE_ARG_CHECK(cfg.combine != MoeCombine::kPresum || d.topk <= 32, "topk ", d.topk,
                    " must be at most 32 with the pre-summed combine (a warp holds a token's slots)");
   const int64_t entries = d.max_tokens * d.topk;

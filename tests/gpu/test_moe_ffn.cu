@@ -86,7 +86,7 @@ struct Case {
   double drop_slot = 0;         // probability that a slot is -1
   double drop_token = 0;        // probability that all of a token's slots are -1
   int num_sms = 0;
-  MoeCombine combine = MoeCombine::kPerSlot;
+  MoeCombine combine = MoeCombine::kPerSlot;  // the per-slot cases name it; presum_* the other
   bool interleave_sends = false;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -375,8 +375,8 @@ std::vector<Case> cases() {
   v.push_back({"plain_nk_drops", 512, 256, 8, 2, false, BLayout::kNK, Route::kZipf, {250, 40}, 0, 0.2, 0.05});
   // 2F = 768: three 256-column SwiGLU tiles; few CTAs so that each takes several tiles.
   v.push_back({"h768_f384_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {100}, 0, 0, 0, 8});
-  // The pre-summed combine (MoeCombine::kPresum, written 2026-11-29 late, not yet run on a GPU):
-  // top-8, drops and empty ranks, uneven token counts, kNK.
+  // The pre-summed combine (MoeCombine::kPresum; passed on 2x H200 2026-11-30): top-8, drops and
+  // empty ranks, uneven token counts, kNK.
   const MoeCombine presum = MoeCombine::kPresum;
   v.push_back({"presum_top8_e16", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform, {64}, 0, 0, 0, 0, presum});
   v.push_back({"presum_drops", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}, 0, 0.2, 0.05, 0, presum});
@@ -384,7 +384,11 @@ std::vector<Case> cases() {
                presum});
   v.push_back({"presum_uneven_nk_zipf", 512, 256, 16, 4, false, BLayout::kNK, Route::kZipf, {250, 40}, 512, 0.1, 0.02,
                0, presum});
-  // The interleaved send order (written 2026-11-29 late, not yet run on a GPU).
+  // The default (kAuto): presum at top-2, per-slot past top-32.
+  v.push_back({"auto_top2", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}, 0, 0, 0, 0, MoeCombine::kAuto});
+  v.push_back({"auto_top40_e64", 512, 256, 64, 40, true, BLayout::kKN, Route::kUniform, {48}, 0, 0, 0, 0,
+               MoeCombine::kAuto});
+  // The interleaved send order (passed on 2x H200 2026-11-30).
   Case inter{"interleaved_zipf_top4", 512, 256, 16, 4, true, BLayout::kKN, Route::kZipf, {250, 40}, 512, 0.1, 0.02};
   inter.interleave_sends = true;
   v.push_back(inter);

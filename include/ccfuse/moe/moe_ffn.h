@@ -55,19 +55,24 @@ struct MoeFfnDesc {
 };
 
 // How layer 1 returns rows to their tokens' owners (docs/moe-layers.md):
-//   kPerSlot  v1, measured: the send warps forward every (token, slot) row as its tile finishes
+//   kPerSlot  v1: the send warps forward every (token, slot) row as its tile finishes
 //             (overlapped with the GEMM; k rows per token travel), the owner sums the slots.
-//   kPresum   v2a, NOT YET RUN ON A GPU: after the GEMM, each rank sums its slots of every
-//             (source, token) in fp32 and sends one bf16 row per (token, rank); the owner sums
-//             the ranks' rows in rank order. k / (slots per rank) times fewer bytes, not overlapped.
-enum class MoeCombine { kPerSlot, kPresum };
+//   kPresum   v2a: after the GEMM, each rank sums its slots of every (source, token) in fp32 and
+//             sends one bf16 row per (token, rank); the owner sums the ranks' rows in rank
+//             order. k / (slots per rank) times fewer bytes, not overlapped. topk <= 32.
+//   kAuto     kPresum when topk <= 32, else kPerSlot. Measured 2026-11-30 on 2x H200 (18 cases,
+//             bench/results/2026-11-30-h200x2-moe-ffn-ab-*): presum 1.742x the serial layer
+//             (geomean) against per-slot 1.526x; Qwen3 layer 1 0.71 -> 0.39 ms, DeepSeek 3.67 ->
+//             2.82 ms at 4096 tokens; Mixtral (top-2) within 1 %.
+enum class MoeCombine { kAuto, kPerSlot, kPresum };
 
 struct MoeFfnConfig {
   int num_sms = 0;  // CTAs of each persistent GEMM; 0 = every SM
-  MoeCombine combine = MoeCombine::kPerSlot;
-  // Layer 0's send order: false (v1, measured) = this rank's own experts first, then the next
-  // owner's, ...; true (EXPERIMENT, not yet run) = local expert j of every owner in turn, the
-  // order in which the receivers' tiles need the rows (docs/perf-notes.md).
+  MoeCombine combine = MoeCombine::kAuto;
+  // Layer 0's send order: false = this rank's own experts first, then the next owner's, ...;
+  // true = local expert j of every owner in turn, the order in which the receivers' tiles need
+  // the rows. Measured 2026-11-30 (with presum): 0.88-0.93x the time on the balanced Qwen3 /
+  // DeepSeek cases at 8192-16384 tokens, 1.02-1.05x on skewed and small ones: opt-in.
   bool interleave_sends = false;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
