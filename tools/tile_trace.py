@@ -2,14 +2,18 @@
 """Summarises per-tile GEMM traces (CCFUSE_TILE_TRACE=PREFIX ccfuse bench ... writes
 PREFIX.rank<r>.csv; see gemm::TileTrace in include/ccfuse/gemm/gemm.h).
 
-    python3 tools/tile_trace.py PREFIX.rank0.csv [PREFIX.rank1.csv ...]
+    python3 tools/tile_trace.py [--band-tiles N] PREFIX.rank0.csv [PREFIX.rank1.csv ...]
 
 Per rank: the kernel span (first tile start to last tile stored, over all CTAs), and per CTA on
 average the time in each phase of its tiles: mainloop (start -> mma_done: TMA waits, ready
 waits and wgmma), addends (mma_done -> addends_ready: waiting for and adding peer partials),
 store (addends_ready -> stored: the epilogue stores and the hand-over to the send warps), and
-the gaps (span minus the three). Standard library only."""
+the gaps (span minus the three). With --band-tiles N (128-row tiles per rank's band, M / W / 128),
+also the median mainloop of the rank's own-band tiles against the other bands' tiles, and of the
+first wave (one tile per CTA) of the other bands: a wait for remote rows would show there.
+Standard library only."""
 import csv
+import statistics
 import sys
 from collections import defaultdict
 
@@ -44,12 +48,27 @@ def summarise(rows):
             "early_end_us": early_end / 1e3}
 
 
-def main(paths):
+def bands(rows, band_tiles):
+    """Median mainloop (us) of own-band tiles, other-band tiles, and the first wave of the others."""
+    ml = lambda rs: statistics.median(r["mma_done_ns"] - r["start_ns"] for r in rs) / 1e3 if rs else float("nan")
+    own = [r for r in rows if r["m_tile"] // band_tiles == r["rank"]]
+    other = sorted((r for r in rows if r["m_tile"] // band_tiles != r["rank"]), key=lambda r: r["start_ns"])
+    ctas = len({r["cta"] for r in rows})
+    return ml(own), ml(other), ml(other[:ctas]), len(own), len(other)
+
+
+def main(args):
+    band_tiles = 0
+    if len(args) >= 2 and args[0] == "--band-tiles":
+        band_tiles = int(args[1])
+        args = args[2:]
+    paths = args
     if not paths:
         print(__doc__)
         return 2
     for path in paths:
-        s = summarise(load(path))
+        rows = load(path)
+        s = summarise(rows)
         if s is None:
             print(f"{path}: no records")
             continue
@@ -58,6 +77,10 @@ def main(paths):
         print(f"{path}: {s['ctas']} CTAs, {s['tiles']} tiles ({s['tiles_per_cta']:.1f} per CTA), span {span:.1f} us")
         for key in ("mainloop_us", "addends_us", "store_us", "gaps_us", "late_start_us", "early_end_us"):
             print(f"  {key[:-3]:<12} {s[key]:9.1f} us  {pct(s[key])} of the span (per-CTA average)")
+        if band_tiles > 0:
+            own, other, first, n_own, n_other = bands(rows, band_tiles)
+            print(f"  mainloop median: own band {own:.1f} us ({n_own} tiles), other bands {other:.1f} us "
+                  f"({n_other} tiles), their first wave {first:.1f} us")
     return 0
 
 

@@ -8,10 +8,12 @@ Usage:
                              [--log] [--normalize] [--json-summary FILE]
 
 One table row per record: op, W, M, N, K, ccfuse fused, serial NCCL+cuBLAS, PyTorch async-TP
-(t_peer), t_limit (all ms), fused/limit, speedup = t_serial/t_fused, overlap efficiency =
+(t_peer), async-TP at this run's clocks (t_peer_scaled: t_peer / its own torch.mm time * this run's
+cuBLAS time, tools/merge_tp_peer.py; the peer runs in another process, at other clocks), t_limit
+(all ms), fused/limit, speedup = t_serial/t_fused, overlap efficiency =
 (t_serial - t_fused)/(t_serial - t_limit) (only when t_serial > t_limit), and a verdict. A time
 that is null, missing or negative was not measured and prints "-". Verdict rules:
-  ag_gemm, gemm_rs: fused < serial; fused < async-TP (when measured); overlap >= 0.8; and, when
+  ag_gemm, gemm_rs: fused < serial; fused < async-TP (raw t_peer, when measured); overlap >= 0.8; and, when
                     M >= 8192 and K >= 4096 (the record's k as is), fused/limit <= 1.05.
   gemm_ar:          fused < serial; when K >= 4096, overlap >= 0.7.
 A rule that cannot be checked (e.g. no t_limit) counts as missed ("... n/a"). Records without
@@ -24,7 +26,7 @@ import math
 import sys
 
 COLUMNS = ["op", "W", "M", "N", "K", "ccfuse fused (ms)", "serial NCCL+cuBLAS (ms)",
-           "PyTorch async-TP (ms)", "t_limit (ms)", "fused/limit", "speedup vs serial",
+           "PyTorch async-TP (ms)", "async-TP at this run's clocks (ms)", "t_limit (ms)", "fused/limit", "speedup vs serial",
            "overlap efficiency", "verdict"]
 
 
@@ -87,7 +89,8 @@ def compute(rec):
         overlap = (serial - fused) / (serial - limit)
     over, speedup = ratio(fused, limit), ratio(serial, fused)
     return {"op": op, "W": rec.get("world_size"), "M": m, "N": rec.get("n"), "K": k,
-            "t_fused_ms": fused, "t_serial_ms": serial, "t_peer_ms": peer, "t_limit_ms": limit,
+            "t_fused_ms": fused, "t_serial_ms": serial, "t_peer_ms": peer,
+            "t_peer_scaled_ms": num(rec.get("t_peer_scaled_ms")), "t_limit_ms": limit,
             "fused_over_limit": over, "speedup": speedup, "overlap_eff": overlap,
             # The CPU reference world's times are thread wall-clock, not GPU performance.
             "verdict": ("cpu reference world: not judged" if rec.get("backend") == "cpu"
@@ -128,7 +131,7 @@ def table(rows, records=()):
         cells = [str(r["op"] or "-")] + ["-" if r[c] is None else str(r[c])
                                          for c in ("W", "M", "N", "K")]
         cells += [fmt(r[c], ".3f") for c in ("t_fused_ms", "t_serial_ms", "t_peer_ms",
-                                             "t_limit_ms")]
+                                             "t_peer_scaled_ms", "t_limit_ms")]
         cells += [fmt(r["fused_over_limit"], ".3f"), fmt(r["speedup"], ".2f"),
                   fmt(r["overlap_eff"], ".2f"), r["verdict"]]
         out.append("| " + " | ".join(cells) + " |")

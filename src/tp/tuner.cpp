@@ -250,6 +250,10 @@ double transport_gbps(const std::string& transport, int num_comm_ctas, double li
   return link_gbps > 0 ? gbps * link_gbps / C::kCopyEngineGbps : gbps;
 }
 
+// The copy engine is built for ag_gemm (AgTransport::kCopyEngine) but the tuner does not choose
+// it: measured 2026-11-30, it was no faster on the large shapes and 3-10 % slower on the small
+// ones (bench/results/2026-11-30-h200x2-tp-ag-transport-7764be2.jsonl), a per-copy cost the model
+// does not have. It stays "not built" here until the model knows that cost.
 bool transport_built(const std::string& transport) { return transport == "sm-send-warps"; }
 
 // ---- the table -------------------------------------------------------------------------------
