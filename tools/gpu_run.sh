@@ -75,8 +75,11 @@ if [[ " $what " == *" tp "* ]]; then
   ngpu=$(nvidia-smi -L | wc -l)
   [[ -n "${CCFUSE_TP_ONLY:-}" || -n "${CCFUSE_TP_NO_PEER:-}" ]] && peer_shapes=()  # A/B runs: no peer baseline
   if [[ ${#peer_shapes[@]} -gt 0 ]]; then
+    # With our C ABI library, ccfuse's op also runs in the peer's process, in its rounds.
+    ccfuse_lib=(); [ -f "$BIN/libccfuse_c.so" ] && ccfuse_lib=(--ccfuse-lib "$BIN/libccfuse_c.so")
     timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_async_tp_bench.py \
-      --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" > "$OUT/tp_peer.log" 2>&1 || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
+      --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" "${ccfuse_lib[@]}" > "$OUT/tp_peer.log" 2>&1 \
+      || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
   fi
   [ -s "$OUT/tp_peer.jsonl" ] && python3 tools/merge_tp_peer.py "$OUT/tp_baselines.jsonl" "$OUT/tp_peer.jsonl" \
     | tee "$OUT/tp_table.log"

@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 export PATH=/usr/local/cuda/bin:$PATH
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc)" --target ccfuse_tool ccfuse_gpu_tests ccfuse_comm_bench \
-  ccfuse_gemm_hooks_bench ccfuse_ag_transport_probe ccfuse_router_bench ccfuse_moe_ffn_bench
+  ccfuse_gemm_hooks_bench ccfuse_ag_transport_probe ccfuse_router_bench ccfuse_moe_ffn_bench ccfuse_c
 mkdir -p .carry/bin
 cp build/ccfuse build/tests/ccfuse_gpu_tests build/ccfuse_comm_bench build/ccfuse_gemm_hooks_bench \
-  build/ccfuse_ag_transport_probe build/ccfuse_router_bench build/ccfuse_moe_ffn_bench .carry/bin/
+  build/ccfuse_ag_transport_probe build/ccfuse_router_bench build/ccfuse_moe_ffn_bench build/libccfuse_c.so .carry/bin/
 git rev-parse --short HEAD > .carry/commit 2>/dev/null || echo unknown > .carry/commit
 git diff --quiet HEAD 2>/dev/null || echo "+dirty" >> .carry/commit
 du -sh .carry

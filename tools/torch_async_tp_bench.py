@@ -14,6 +14,11 @@ Shapes follow the ccfuse tool: ag_gemm A_r [M/W, K], B [K, N]; gemm_rs A_r [M, K
     python3 -m torch.distributed.run --nproc-per-node 2 tools/torch_async_tp_bench.py \\
         --json OUT.jsonl --shape ag_gemm,8192,14336,8192 --shape gemm_rs,8192,8192,28672
 
+With --ccfuse-lib PATH (libccfuse_c.so, include/ccfuse/c_api.h), ccfuse's fused op runs in this
+process on the same tensors and is timed in the same rounds as async-TP and torch.mm: the record
+gets t_ccfuse_inproc_ms and rel_diff_vs_peer (||ours - async-TP|| / ||async-TP|| on this rank's
+output), the head-to-head that does not depend on two processes' clocks.
+
 NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set here if unset).
 """
 import argparse
@@ -57,6 +62,7 @@ def main():
     p.add_argument("--shape", type=parse_shape, action="append", required=True, help="op,m,n,k")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ccfuse-lib", help="libccfuse_c.so: also time ccfuse's fused op in the same rounds")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -67,6 +73,13 @@ def main():
 
     symm_mem.enable_symm_mem_for_group(group.group_name)
     gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    ccfuse = None
+    if args.ccfuse_lib:
+        import sys
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import ccfuse_ctypes
+        ccfuse = ccfuse_ctypes.Ccfuse(args.ccfuse_lib)
+        ccfuse.init_from_env()
     records = []
     for op, m, n, k in args.shape:
         if op == "ag_gemm":
@@ -74,7 +87,9 @@ def main():
             b = torch.rand(k, n, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
 
             def run():
-                torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group.group_name)
+                return torch.ops.symm_mem.fused_all_gather_matmul(a, [b], gather_dim=0, group_name=group.group_name)[1][0]
+
+            out_rows = m
 
             a_full = torch.rand(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
 
@@ -85,22 +100,56 @@ def main():
             b = torch.rand(k // world, n, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
 
             def run():
-                torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0, group_name=group.group_name)
+                return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", scatter_dim=0,
+                                                                     group_name=group.group_name)
+
+            out_rows = m // world
 
             def mm():
                 torch.mm(a, b)
 
-        t = time_ms([run, mm], args.iters, args.warmup, group)
+        fns = [run, mm]
+        if ccfuse is not None:
+            fused = ccfuse.tp_create(op, m, n, k, b_kn=True)
+            c = torch.full((out_rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+            def ours():
+                fused.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream().cuda_stream)
+
+            fns.append(ours)
+        t = time_ms(fns, args.iters, args.warmup, group)
         # A collective op finishes with its slowest rank (the local GEMM: the slowest GPU too).
         t_all = [None] * world
         dist.all_gather_object(t_all, t)
         t_peer, t_mm = max(x[0] for x in t_all), max(x[1] for x in t_all)
-        records.append({"op": op, "world_size": world, "m": m, "n": n, "k": k, "dtype": "bf16",
-                        "t_peer_ms": t_peer, "t_peer_mm_ms": t_mm,
-                        "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__})
+        rec = {"op": op, "world_size": world, "m": m, "n": n, "k": k, "dtype": "bf16",
+               "t_peer_ms": t_peer, "t_peer_mm_ms": t_mm,
+               "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__}
+        line = "%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms, torch.mm of the local GEMM %.4f ms (ratio %.3f)" % (
+            op, m, n, k, t_peer, t_mm, t_peer / t_mm)
+        if ccfuse is not None:
+            # Correctness against async-TP on fresh outputs (c poisoned with NaN first).
+            c.fill_(float("nan"))
+            dist.barrier(group=group)
+            ours()
+            ref = run().float()
+            torch.cuda.synchronize()
+            diff = ((c.float() - ref).norm() / ref.norm()).item()
+            diffs = [None] * world
+            dist.all_gather_object(diffs, diff)
+            t_ours = max(x[2] for x in t_all)
+            rec.update({"t_ccfuse_inproc_ms": t_ours, "rel_diff_vs_peer": max(diffs),
+                        "ccfuse": "libccfuse_c.so (%s)" % os.environ.get("CCFUSE_COMMIT", "?")})
+            line += ", ccfuse in-process %.4f ms (ours/async-TP %.3f, ours/mm %.3f, rel diff %.1e)" % (
+                t_ours, t_ours / t_peer, t_ours / t_mm, max(diffs))
+            fused.close()
+        records.append(rec)
         if rank == 0:
-            print("%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms, torch.mm of the local GEMM %.4f ms (ratio %.3f)"
-                  % (op, m, n, k, t_peer, t_mm, t_peer / t_mm), flush=True)
+            print(line, flush=True)
+    if ccfuse is not None:
+        dist.barrier(group=group)
+        torch.cuda.synchronize()
+        ccfuse.finalize()
     if rank == 0:
         with open(args.json, "a") as f:
             for r in records:

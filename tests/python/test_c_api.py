@@ -1,0 +1,50 @@
+"""The C ABI through ctypes (tools/ccfuse_ctypes.py) on any machine: the errors that come before
+any GPU work. Skipped where libccfuse_c.so was not built (no CUDA toolkit). The GPU path runs in
+tools/torch_async_tp_bench.py --ccfuse-lib, checked against PyTorch async-TP's output."""
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+LIB = os.path.join(ROOT, "build", "libccfuse_c.so")
+
+import ccfuse_ctypes  # noqa: E402
+
+
+@unittest.skipUnless(os.path.exists(LIB), "libccfuse_c.so not built (no CUDA toolkit)")
+class CApi(unittest.TestCase):
+    def run_child(self, code):
+        # A child process: the library keeps a process-wide Team, and the launcher variables
+        # must be absent.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        prog = ("import sys; sys.path.insert(0, %r)\nimport ccfuse_ctypes\nlib = ccfuse_ctypes.Ccfuse(%r)\n"
+                % (os.path.join(ROOT, "tools"), LIB)) + code
+        return subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
+
+    def expect_error(self, call, message):
+        r = self.run_child("try:\n    %s\n    print('no error')\nexcept ccfuse_ctypes.CcfuseError as e:\n"
+                           "    print('error:', e)\n" % call)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "error: " + message)
+
+    def test_errors_name_the_argument_and_the_rule(self):
+        self.expect_error('lib.tp_create("gemm", 8, 8, 8)',
+                          "op 'gemm' is not a fused TP op (ag_gemm, gemm_rs, gemm_ar)")
+        self.expect_error('lib.tp_create("ag_gemm", 8, 8, 8)', "no Team: call ccfuse_init_from_env() first")
+        self.expect_error("lib.world_size()", "no Team: call ccfuse_init_from_env() first")
+        self.expect_error("lib.init_from_env()", "environment variable RANK is not set: launch with torchrun, "
+                                                 "srun or mpirun, or use Team::create")
+        self.expect_error("ccfuse_ctypes.TpOp(lib, None, 'ag_gemm').run(0, 0, 0, 0)",
+                          "op must be a handle from ccfuse_tp_create, got null")
+        self.expect_error('lib._check(lib._dll.ccfuse_tp_create(b"ag_gemm", 8, 8, 8, 2, None))', "out must not be null")
+
+    def test_finalize_without_team_is_fine(self):
+        r = self.run_child("lib.finalize()\nprint('ok')\n")
+        self.assertEqual(r.stdout.strip(), "ok", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""ctypes binding of ccfuse's C ABI (include/ccfuse/c_api.h, libccfuse_c.so): the fused TP ops
+from Python, on device pointers and a CUDA stream handle (no torch dependency here).
+
+    lib = Ccfuse("build/libccfuse_c.so")
+    lib.init_from_env()                       # torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
+    op = lib.tp_create("ag_gemm", m, n, k)    # b is [k, n] (b_kn=True) or [n, k]
+    op.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    op.close(); lib.finalize()
+
+Errors raise CcfuseError with the library's message (the argument and the rule it broke)."""
+import ctypes
+import os
+
+
+class CcfuseError(RuntimeError):
+    pass
+
+
+class TpOp:
+    def __init__(self, lib, handle, name):
+        self._lib, self._h, self.name = lib, handle, name
+
+    def run(self, a, b, c, stream):
+        self._lib._check(self._lib._dll.ccfuse_tp_run(self._h, a, b, c, stream))
+
+    def close(self):
+        if self._h:
+            self._lib._check(self._lib._dll.ccfuse_tp_destroy(self._h))
+            self._h = None
+
+
+class Ccfuse:
+    def __init__(self, path=None):
+        path = path or os.environ.get("CCFUSE_C_LIB") or os.path.join(os.path.dirname(__file__), "..", "build",
+                                                                         "libccfuse_c.so")
+        d = self._dll = ctypes.CDLL(path)
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        d.ccfuse_last_error.restype = ctypes.c_char_p
+        d.ccfuse_init_from_env.argtypes = []
+        d.ccfuse_world_size.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        d.ccfuse_tp_create.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.POINTER(vp)]
+        d.ccfuse_tp_run.argtypes = [vp, vp, vp, vp, vp]
+        d.ccfuse_tp_destroy.argtypes = [vp]
+        d.ccfuse_finalize.argtypes = []
+
+    def _check(self, rc):
+        if rc != 0:
+            raise CcfuseError(self._dll.ccfuse_last_error().decode())
+
+    def init_from_env(self):
+        self._check(self._dll.ccfuse_init_from_env())
+
+    def world_size(self):
+        w = ctypes.c_int()
+        self._check(self._dll.ccfuse_world_size(ctypes.byref(w)))
+        return w.value
+
+    def tp_create(self, op, m, n, k, b_kn=True):
+        h = ctypes.c_void_p()
+        self._check(self._dll.ccfuse_tp_create(op.encode(), m, n, k, 1 if b_kn else 0, ctypes.byref(h)))
+        return TpOp(self, h, op)
+
+    def finalize(self):
+        self._check(self._dll.ccfuse_finalize())
