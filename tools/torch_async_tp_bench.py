@@ -25,6 +25,8 @@ import argparse
 import json
 import os
 import statistics
+import sys
+import time
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -75,7 +77,6 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
     ccfuse = None
     if args.ccfuse_lib:
-        import sys
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import ccfuse_ctypes
         ccfuse = ccfuse_ctypes.Ccfuse(args.ccfuse_lib)
@@ -123,6 +124,8 @@ def main():
         dist.all_gather_object(t_all, t)
         t_peer, t_mm = max(x[0] for x in t_all), max(x[1] for x in t_all)
         rec = {"op": op, "world_size": world, "m": m, "n": n, "k": k, "dtype": "bf16",
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "gpu": "%d x %s" % (world, torch.cuda.get_device_name()), "command": " ".join(sys.argv),
                "t_peer_ms": t_peer, "t_peer_mm_ms": t_mm,
                "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__}
         line = "%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms, torch.mm of the local GEMM %.4f ms (ratio %.3f)" % (
