@@ -60,6 +60,7 @@
 #include "ccfuse/common/error.h"
 #include "ccfuse/gemm/gemm.h"
 #include "ccfuse/moe/moe_ffn.h"
+#include "ccfuse/moe/moe_tuner.h"
 #include "src/tool/gpu_bench_util.cuh"  // StreamHold, DeviceBuffer, Stream
 
 using namespace ccfuse;
@@ -151,6 +152,9 @@ void fill_random(void* p, size_t n, uint64_t seed, float scale, cudaStream_t s) 
 
 // ---- routing (host) ------------------------------------------------------------------------
 
+void make_routing(int experts, int topk, int64_t tokens, bool zipf, uint64_t seed, std::vector<int32_t>& ids,
+                  std::vector<float>& weights);
+
 // Gumbel top-k: per token k distinct experts drawn with probabilities p_e, weights = softmax over
 // the chosen logits log(p_e) + g_e (fp32). ids/weights [tokens, k], ids in decreasing logit order.
 void make_routing(int experts, int topk, int64_t tokens, bool zipf, uint64_t seed, std::vector<int32_t>& ids,
@@ -181,6 +185,57 @@ void make_routing(int experts, int topk, int64_t tokens, bool zipf, uint64_t see
       weights[size_t(t * topk + s)] = float(std::exp(logits[size_t(s)].first - logits[0].first) / z);
     }
   }
+}
+
+// The routing skew the tuner is given: the most rows any rank receives over the mean, from every
+// rank's routing of this case (regenerated from its seed). A framework would pass the router's
+// statistics of its previous step; the layer itself never syncs the host to learn it.
+double routing_imbalance(const std::string& model, int experts, int topk, int64_t tokens, int world, bool zipf) {
+  std::vector<int64_t> rows(static_cast<size_t>(world), 0);
+  std::vector<int32_t> ids;
+  std::vector<float> wts;
+  const int epr = experts / world;
+  for (int r = 0; r < world; ++r) {
+    make_routing(experts, topk, tokens, zipf, make_seed(kRoute, model, uint64_t(r), uint64_t(tokens) * 2 + zipf), ids,
+                 wts);
+    for (int32_t e : ids)
+      if (e >= 0) ++rows[size_t(e / epr)];
+  }
+  int64_t total = 0, most = 0;
+  for (int64_t r : rows) {
+    total += r;
+    most = std::max(most, r);
+  }
+  return total > 0 ? double(most) * world / double(total) : 1.0;
+}
+
+// The tuner's choice for a case, with the A/B overrides of the environment applied.
+moe::MoeChoice tuned_choice(const std::string& model, int experts, int topk, int64_t tokens, int64_t hidden,
+                            int64_t ffn, int world, bool zipf) {
+  moe::MoeProblem p;
+  p.world_size = world;
+  p.num_experts = experts;
+  p.topk = topk;
+  p.tokens_per_rank = tokens;
+  p.hidden = hidden;
+  p.ffn = ffn;
+  (void)moe::choose_moe_config(p);  // the argument checks first (the skew below needs W to divide E)
+  p.imbalance = routing_imbalance(model, experts, topk, tokens, world, zipf);
+  moe::MoeChoice c = moe::choose_moe_config(p);
+  const std::string combine = env_or("CCFUSE_MOE_COMBINE", ""), order = env_or("CCFUSE_MOE_SEND_ORDER", "");
+  CCFUSE_CHECK(combine.empty() || combine == "presum" || combine == "perslot", "CCFUSE_MOE_COMBINE '", combine,
+               "' must be presum or perslot");
+  CCFUSE_CHECK(order.empty() || order == "interleave" || order == "owner", "CCFUSE_MOE_SEND_ORDER '", order,
+               "' must be interleave or owner");
+  if (!combine.empty()) {
+    c.combine = combine == "presum" ? "presum" : "per-slot";
+    c.why += " [combine set by CCFUSE_MOE_COMBINE]";
+  }
+  if (!order.empty()) {
+    c.send_order = order == "interleave" ? "interleaved" : "owner-major";
+    c.why += " [send order set by CCFUSE_MOE_SEND_ORDER]";
+  }
+  return c;
 }
 
 // ---- fp64 reference (host) -----------------------------------------------------------------
@@ -333,11 +388,17 @@ struct Args {
   std::vector<std::string> routings;
   int iters = 20, warmup = 5, sample = 16;
   std::string json;
+  bool print_config = false;  // print the tuner's choice per case and exit (no GPU needed)
+  int world_size = 0;         // --print-config: ranks to plan for (default: the GPUs, or 2)
 };
 
 const char* const kUsage =
     "usage: ccfuse_moe_ffn_bench [--model mixtral qwen3 deepseek] [--tokens 4096 8192 16384]\n"
-    "                            [--routing uniform zipf] [--iters 20] [--warmup 5] [--sample 16] [--json FILE]\n";
+    "                            [--routing uniform zipf] [--iters 20] [--warmup 5] [--sample 16] [--json FILE]\n"
+    "                            [--print-config [--world-size W]]\n"
+    "  --print-config: the MoE tuner's choice (moe_tuner.h) and why, per case, then exit; no GPU needed.\n"
+    "  Env overrides of the tuner (A/B runs): CCFUSE_MOE_COMBINE=presum|perslot,\n"
+    "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {
@@ -393,9 +454,14 @@ bool parse_args(int argc, char** argv, Args& a, bool& help) {
     } else if (opt == "--json") {
       if (vals.size() != 1) return bad(std::cerr << "--json needs one file name\n");
       a.json = vals[0];
+    } else if (opt == "--print-config") {
+      if (!vals.empty()) return bad(std::cerr << "--print-config takes no value\n");
+      a.print_config = true;
+    } else if (opt == "--world-size") {
+      if (!one_int(1, a.world_size)) return false;
     } else {
       std::cerr << "unknown option '" << opt << "' (known: --model, --tokens, --routing, --iters, --warmup, "
-                << "--sample, --json)\n";
+                << "--sample, --json, --print-config, --world-size)\n";
       return false;
     }
   }
@@ -427,6 +493,26 @@ int main(int argc, char** argv) {
   }
   if (help) {
     std::cout << kUsage;
+    return 0;
+  }
+  if (args.print_config) {
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+    const int w = args.world_size > 0 ? args.world_size : (gpus >= 2 ? std::min(gpus, moe::kMaxMoeRanks) : 2);
+    try {
+      for (const Model& model : args.models)
+        for (const int64_t tokens : args.tokens)
+          for (const std::string& routing : args.routings) {
+            const moe::MoeChoice c = tuned_choice(model.name, model.experts, model.topk, tokens, model.hidden,
+                                                  model.ffn, w, routing == "zipf");
+            std::printf("case model=%s tokens=%lld routing=%s world_size=%d\nmoe_config=%s\nmoe_why=%s\n",
+                        model.name, static_cast<long long>(tokens), routing.c_str(), w, moe::to_string(c).c_str(),
+                        c.why.c_str());
+          }
+    } catch (const std::exception& e) {
+      std::cerr << "ccfuse_moe_ffn_bench: " << e.what() << "\n";
+      return 2;
+    }
     return 0;
   }
   int num_gpus = 0;
@@ -512,22 +598,7 @@ int main(int argc, char** argv) {
             desc.swiglu = true;
             desc.dtype = DType::kBFloat16;
             desc.b_layout = gemm::BLayout::kNK;
-            moe::MoeFfnConfig cfg;
-            cfg.num_sms = 0;              // every SM
-            cfg.check_routing = false;    // its host sync would be timed (the routing is valid by construction)
-            // CCFUSE_MOE_COMBINE=presum | perslot: layer 1's combine (default: auto, i.e. presum for
-            // topk <= 32); the record's config says which ran.
-            const std::string combine = env_or("CCFUSE_MOE_COMBINE", "");
-            CCFUSE_CHECK(combine.empty() || combine == "presum" || combine == "perslot", "CCFUSE_MOE_COMBINE '",
-                         combine, "' must be presum or perslot");
-            if (combine == "presum") cfg.combine = moe::MoeCombine::kPresum;
-            if (combine == "perslot") cfg.combine = moe::MoeCombine::kPerSlot;
-            // CCFUSE_MOE_SEND_ORDER=interleave: layer 0's interleaved send order (in the config too).
-            cfg.interleave_sends = env_or("CCFUSE_MOE_SEND_ORDER", "") == std::string("interleave");
-            moe::MoeFfn ffn(team, desc, cfg);
             const int64_t max_rows = int64_t(w) * tokens * k;
-            CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",
-                         max_rows);
             DevPtr x = dev_alloc(size_t(tokens * h) * 2), out = dev_alloc(size_t(tokens * h) * 2);
             DevPtr ids_d = dev_alloc(size_t(tokens * k) * 4), wts_d = dev_alloc(size_t(tokens * k) * 4);
             fill_random(x.get(), size_t(tokens * h), make_seed(kX, g.model, uint64_t(rank), uint64_t(tokens)), 1.0f, s);
@@ -551,6 +622,18 @@ int main(int argc, char** argv) {
             CCFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
 
             for (const std::string& routing : args.routings) {
+              // The configuration per case from the MoE tuner (moe_tuner.h), given the routing's
+              // skew; the record's config says what ran.
+              const moe::MoeChoice choice =
+                  tuned_choice(g.model, g.experts, k, tokens, h, f, w, routing == "zipf");
+              moe::MoeFfnConfig cfg;
+              cfg.num_sms = 0;            // every SM
+              cfg.check_routing = false;  // its host sync would be timed (the routing is valid by construction)
+              cfg.combine = choice.combine == "presum" ? moe::MoeCombine::kPresum : moe::MoeCombine::kPerSlot;
+              cfg.interleave_sends = choice.send_order == "interleaved";
+              moe::MoeFfn ffn(team, desc, cfg);
+              CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",
+                           max_rows);
               std::vector<int32_t> ids;
               std::vector<float> wts;
               make_routing(g.experts, k, tokens, routing == "zipf",
@@ -708,6 +791,7 @@ int main(int argc, char** argv) {
                      << ", \"sample_tokens\": " << std::min<int64_t>(args.sample, tokens)
                      << ", \"rows_per_rank\": " << rows_text << ", \"commit\": " << json_str(commit)
                      << ", \"date\": " << json_str(iso_date()) << ", \"config\": " << json_str(ffn.describe())
+                     << ", \"tuner\": " << json_str(moe::to_string(choice))
                      << ", \"config_grouped\": " << json_str(gemm::to_string(gc0) + " | " + gemm::to_string(gc1))
                      << ", \"iters\": " << args.iters << ", \"warmup\": " << args.warmup
                      << ", \"zipf_exponent\": " << (routing == "zipf" ? json_num(kZipfExponent) : "null")

@@ -230,13 +230,15 @@ if [[ " $what " == *" moe_fused "* ]]; then
   fi
 fi
 if [[ " $what " == *" moe_ab "* ]]; then
-  # A/B of the MoE FFN's variants (docs/perf-notes.md): the default (pre-summed combine), the per-slot combine,
-  # the interleaved send order, and both, each merged with the serial baseline of the same call
+  # A/B of the MoE FFN's variants (docs/perf-notes.md): the tuner's default, the per-slot combine,
+  # the interleaved and the owner-major send order everywhere, each merged with the serial baseline of the same call
   # (run "moe" first in the same call, e.g. `gpu_run.sh moe moe_ab`).
-  for variant in default perslot interleave perslot+interleave; do
+  # default = the MoE tuner's choice per case (moe_tuner.h); the others force one setting.
+  for variant in default perslot interleave owner; do
     combine=""; order=""
     [[ $variant == *perslot* ]] && combine=perslot
     [[ $variant == *interleave* ]] && order=interleave
+    [[ $variant == owner ]] && order=owner
     CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1

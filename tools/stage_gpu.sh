@@ -10,6 +10,8 @@ cmake --build --preset default -j "$(nproc)" --target ccfuse_tool ccfuse_gpu_tes
 mkdir -p .carry/bin
 cp build/ccfuse build/tests/ccfuse_gpu_tests build/ccfuse_comm_bench build/ccfuse_gemm_hooks_bench \
   build/ccfuse_ag_transport_probe build/ccfuse_router_bench build/ccfuse_moe_ffn_bench build/libccfuse_c.so .carry/bin/
+# The device tool carries at most 64 MiB (working tree included): no symbol tables.
+strip --strip-unneeded .carry/bin/* 2>/dev/null || true
 git rev-parse --short HEAD > .carry/commit 2>/dev/null || echo unknown > .carry/commit
 git diff --quiet HEAD 2>/dev/null || echo "+dirty" >> .carry/commit
-du -sh .carry
+du -sh .carry; echo "tracked tree: $(git ls-files -z | du -ch --files0-from=- | tail -n 1)"

@@ -11,6 +11,7 @@
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "ccfuse/moe/dispatch_gpu.h"
 #include "ccfuse/moe/dispatch_plan.h"
+#include "ccfuse/moe/moe_tuner.h"
 
 namespace ccfuse::moe {
 
@@ -530,7 +531,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(!d.swiglu || d.ffn % (kBlockN / 2) == 0, "ffn ", d.ffn,
                    " must be a multiple of 128 with swiglu (gate and up halves of every 256-column tile)");
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16, "moe_ffn: dtype must be bf16 in v1, not ", dtype_name(d.dtype));
-  if (cfg.combine == MoeCombine::kAuto) cfg.combine = d.topk <= 32 ? MoeCombine::kPresum : MoeCombine::kPerSlot;
+  if (cfg.combine == MoeCombine::kAuto)  // the tuner's rule (moe_tuner.h): presum for 2 <= topk <= 32
+    cfg.combine = std::string(auto_combine(d.topk, w)) == "presum" ? MoeCombine::kPresum : MoeCombine::kPerSlot;
   s_->cfg.combine = cfg.combine;
   CCFUSE_ARG_CHECK(cfg.combine != MoeCombine::kPresum || d.topk <= 32, "topk ", d.topk,
                    " must be at most 32 with the pre-summed combine (a warp holds a token's slots)");

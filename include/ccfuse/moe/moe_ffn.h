@@ -60,7 +60,8 @@ struct MoeFfnDesc {
 //   kPresum   v2a: after the GEMM, each rank sums its slots of every (source, token) in fp32 and
 //             sends one bf16 row per (token, rank); the owner sums the ranks' rows in rank
 //             order. k / (slots per rank) times fewer bytes, not overlapped. topk <= 32.
-//   kAuto     kPresum when topk <= 32, else kPerSlot. Measured 2026-11-30 on 2x H200 (18 cases,
+//   kAuto     moe::auto_combine (moe_tuner.h): kPresum for 2 <= topk <= 32, else kPerSlot (top-1
+//             has nothing to pre-sum; not measured). Measured 2026-11-30 on 2x H200 (18 cases,
 //             bench/results/2026-11-30-h200x2-moe-ffn-ab-*): presum 1.742x the serial layer
 //             (geomean) against per-slot 1.526x; Qwen3 layer 1 0.71 -> 0.39 ms, DeepSeek 3.67 ->
 //             2.82 ms at 4096 tokens; Mixtral (top-2) within 1 %.

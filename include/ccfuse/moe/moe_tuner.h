@@ -1,0 +1,58 @@
+// ccfuse/moe/moe_tuner.h: picks the fused MoE FFN's configuration per problem (issue 5, item 5):
+// the dispatch mode, layer 1's combine, layer 0's send order, the communication blocks (n_c) and
+// the unit (chunk) size, with a why-string. Host only (no CUDA): the MoE bench's --print-config,
+// MoeFfn's MoeCombine::kAuto and the tests use it on any machine. docs/moe-tuner.md has the rules
+// and the measurements behind them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ccfuse::moe {
+
+// One MoE FFN problem as every rank sees it (the same on all ranks: the choice must agree).
+struct MoeProblem {
+  int world_size = 0;           // EP ranks W
+  int num_experts = 0;          // global E, divisible by W
+  int topk = 0;                 // slots per token, in [1, E]
+  int64_t tokens_per_rank = 0;  // T (a bound, as MoeFfnDesc::max_tokens)
+  int64_t hidden = 0, ffn = 0;  // H, F
+  // Routing skew: the most rows any rank receives divided by the mean (1 = balanced), e.g. from
+  // the router's statistics of the previous step (the layer never syncs the host to learn it);
+  // 0 = unknown (treated as skewed: the send order that never lost by much).
+  double imbalance = 0;
+};
+
+struct MoeChoice {
+  std::string dispatch;    // "all-to-all" (the only mode built on GPUs; "all-gather" is CPU-world only)
+  std::string combine;     // "presum" | "per-slot" (MoeCombine)
+  std::string send_order;  // "interleaved" | "owner-major" (MoeFfnConfig::interleave_sends)
+  int num_comm_ctas = 0;   // n_c: CTAs taken from the grouped GEMMs for communication
+  int send_warps_per_cta = 3;  // the producer warpgroup's idle warps that copy rows
+  int unit_rows = 128;     // rows per dispatch unit and flag (one GEMM row tile)
+  std::string why;
+};
+
+// Layer 1's combine for (topk, world size): "presum" for 2 <= topk <= 32 (it sends one row per
+// (token, rank) instead of one per slot; a warp holds a token's slots, hence 32), "per-slot"
+// otherwise (top-1 has nothing to pre-sum, and the per-slot sends overlap the GEMM). Used by
+// MoeFfn for MoeCombine::kAuto.
+const char* auto_combine(int topk, int world_size);
+
+// Throws InvalidArgument naming the argument and the rule: world_size < 1, num_experts not
+// divisible by it, topk outside [1, num_experts], non-positive tokens/hidden/ffn, imbalance that
+// is neither 0 (unknown) nor >= 1.
+MoeChoice choose_moe_config(const MoeProblem& problem);
+
+// "dispatch=all-to-all combine=presum send_order=interleaved n_c=0 send_warps_per_cta=3
+//  unit_rows=128" (one line; the why is choice.why).
+std::string to_string(const MoeChoice& choice);
+
+// The rules' thresholds (measured on 2x H200, 2026-11-30; docs/moe-tuner.md).
+struct MoeTunerConstants {
+  static constexpr int64_t kInterleaveMinTokens = 8192;  // interleaved sends won from here (balanced)
+  static constexpr double kInterleaveMaxImbalance = 1.25;
+  static constexpr int kPresumMaxTopk = 32;
+};
+
+}  // namespace ccfuse::moe

@@ -1,0 +1,111 @@
+// The MoE FFN tuner (include/ccfuse/moe/moe_tuner.h): the measured rules on the measured cases,
+// the edges of each rule, the why-string and the argument errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ccfuse/common/error.h"
+#include "ccfuse/moe/moe_tuner.h"
+
+namespace ccfuse::moe {
+namespace {
+
+MoeProblem problem(int w, int e, int k, int64_t t, int64_t h, int64_t f, double imbalance) {
+  MoeProblem p;
+  p.world_size = w;
+  p.num_experts = e;
+  p.topk = k;
+  p.tokens_per_rank = t;
+  p.hidden = h;
+  p.ffn = f;
+  p.imbalance = imbalance;
+  return p;
+}
+
+TEST(MoeTuner, CombineRule) {
+  EXPECT_STREQ(auto_combine(1, 2), "per-slot");
+  EXPECT_STREQ(auto_combine(2, 2), "presum");
+  EXPECT_STREQ(auto_combine(8, 2), "presum");
+  EXPECT_STREQ(auto_combine(32, 8), "presum");
+  EXPECT_STREQ(auto_combine(33, 8), "per-slot");
+}
+
+TEST(MoeTuner, SendOrderFollowsTheMeasuredCases) {
+  // 2026-11-30 A/B (bench/results/2026-11-30-h200x2-moe-ffn-ab-*): interleaved won on the balanced
+  // cases from 8192 tokens per rank and lost on the skewed ones and DeepSeek-like at 4096.
+  struct Case {
+    int e, k;
+    int64_t t, h, f;
+    double imbalance;
+    const char* want;
+  };
+  const Case cases[] = {
+      {128, 8, 16384, 2048, 768, 1.00, "interleaved"},   // Qwen3 uniform: 3.775 -> 3.318 ms
+      {128, 8, 8192, 2048, 768, 1.00, "interleaved"},    // Qwen3 uniform: 2.001 -> 1.826
+      {256, 8, 16384, 7168, 2048, 1.00, "interleaved"},  // DeepSeek-like uniform: 30.52 -> 28.27
+      {256, 8, 4096, 7168, 2048, 1.00, "owner-major"},   // DeepSeek-like uniform: 8.34 -> 8.73 (lost)
+      {128, 8, 8192, 2048, 768, 1.78, "owner-major"},    // Qwen3 zipf: 2.699 -> 2.796 (lost)
+      {8, 2, 4096, 4096, 14336, 1.00, "owner-major"},    // Mixtral: +-1 %
+  };
+  for (const Case& c : cases) {
+    const MoeChoice ch = choose_moe_config(problem(2, c.e, c.k, c.t, c.h, c.f, c.imbalance));
+    EXPECT_EQ(ch.send_order, c.want) << c.e << " experts, " << c.t << " tokens, imbalance " << c.imbalance;
+    EXPECT_EQ(ch.combine, "presum");
+    EXPECT_EQ(ch.dispatch, "all-to-all");
+    EXPECT_EQ(ch.num_comm_ctas, 0);
+    EXPECT_EQ(ch.unit_rows, 128);
+  }
+}
+
+TEST(MoeTuner, EdgesOfTheSendOrderRule) {
+  using C = MoeTunerConstants;
+  auto order = [](int w, int64_t t, double imb) {
+    return choose_moe_config(problem(w, 64, 4, t, 1024, 512, imb)).send_order;
+  };
+  EXPECT_EQ(order(2, C::kInterleaveMinTokens, C::kInterleaveMaxImbalance), "interleaved");
+  EXPECT_EQ(order(2, C::kInterleaveMinTokens - 1, 1.0), "owner-major");
+  EXPECT_EQ(order(2, C::kInterleaveMinTokens, 1.26), "owner-major");
+  EXPECT_EQ(order(2, 1 << 20, 0), "owner-major");  // skew unknown
+  EXPECT_EQ(order(1, 1 << 20, 1.0), "owner-major");  // nothing to send
+  EXPECT_EQ(order(8, 1 << 20, 1.1), "interleaved");
+}
+
+TEST(MoeTuner, WhyAndToString) {
+  const MoeChoice a = choose_moe_config(problem(2, 128, 8, 16384, 2048, 768, 1.0));
+  EXPECT_EQ(to_string(a),
+            "dispatch=all-to-all combine=presum send_order=interleaved n_c=0 send_warps_per_cta=3 unit_rows=128");
+  EXPECT_NE(a.why.find("send order interleaved: balanced routing (imbalance 1 <= 1.25) and 16384 >= 8192 tokens"),
+            std::string::npos)
+      << a.why;
+  const MoeChoice b = choose_moe_config(problem(2, 8, 1, 4096, 4096, 14336, 1.78));
+  EXPECT_EQ(b.combine, "per-slot");
+  EXPECT_NE(b.why.find("combine per-slot: top-1 has nothing to pre-sum"), std::string::npos) << b.why;
+  EXPECT_NE(b.why.find("owner-major: skewed routing (imbalance 1.78)"), std::string::npos) << b.why;
+  const MoeChoice c = choose_moe_config(problem(2, 64, 40, 4096, 1024, 512, 0));
+  EXPECT_EQ(c.combine, "per-slot");
+  EXPECT_NE(c.why.find("topk 40 > 32"), std::string::npos) << c.why;
+  EXPECT_NE(c.why.find("routing skew unknown"), std::string::npos) << c.why;
+}
+
+std::string arg_error(const MoeProblem& p) {
+  try {
+    choose_moe_config(p);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(MoeTuner, BadInputNamesTheRule) {
+  EXPECT_EQ(arg_error(problem(0, 8, 2, 16, 256, 256, 1)), "world_size 0 must be at least 1");
+  EXPECT_EQ(arg_error(problem(3, 8, 2, 16, 256, 256, 1)),
+            "num_experts 8 is not divisible by the world size 3 (experts are split evenly over the ranks)");
+  EXPECT_EQ(arg_error(problem(2, 8, 9, 16, 256, 256, 1)), "topk 9 must be in [1, num_experts = 8]");
+  EXPECT_EQ(arg_error(problem(2, 8, 2, 0, 256, 256, 1)),
+            "tokens_per_rank, hidden, ffn must be positive (got 0, 256, 256)");
+  EXPECT_EQ(arg_error(problem(2, 8, 2, 16, 256, 256, 0.5)),
+            "imbalance 0.5 must be 0 (unknown) or >= 1 (most rows a rank receives / the mean)");
+}
+
+}  // namespace
+}  // namespace ccfuse::moe
