@@ -256,8 +256,14 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # A/B of the fused TP ops against the defaults (the tp section): in 2-CTA clusters
   # (CCFUSE_TP_CLUSTER=2, every op), and ag_gemm over the copy engine (CCFUSE_AG_TRANSPORT), each
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
-  for variant in cluster2 copy-engine; do
-    if [[ $variant == cluster2 ]]; then vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1); else vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm); fi
+  # pdl (EXPERIMENT, written 2026-11-30): the GEMMs launched with programmatic dependent launch
+  # after their entry barrier (CCFUSE_TP_PDL=1, every op).
+  for variant in pdl cluster2 copy-engine; do
+    case $variant in
+      pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
+      cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
+      *) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm) ;;
+    esac
     env "${vars[@]}" OUT="$OUT/$variant" bash "$0" tp > "$OUT/tp_$variant.log" 2>&1 || status=1
     env "${vars[@]}" timeout 120 $BIN/ccfuse check --op ag_gemm --m 1024 --n 520 --k 784 --dtype bf16 \
       2>&1 | tee -a "$OUT/tp_ab_check.log" | tail -n 1

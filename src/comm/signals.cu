@@ -17,6 +17,9 @@ namespace {
 // rank consumed every one of them in its previous call, and no peer writes them again before
 // it has passed the barrier below.
 __global__ void begin_call_kernel(DeviceSignals sig, epoch_t* reset, int reset_count) {
+  // A kernel launched after this one with programmatic dependent launch may start now; it waits
+  // (griddepcontrol.wait) for this kernel's completion before anything that depends on it.
+  asm volatile("griddepcontrol.launch_dependents;");
   for (int i = threadIdx.x; i < reset_count; i += blockDim.x) reset[i] = 0;
   __shared__ epoch_t epoch;
   if (threadIdx.x == 0) {

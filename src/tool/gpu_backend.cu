@@ -72,12 +72,22 @@ int cluster_override() {
   CCFUSE_ARG_CHECK(t == "1" || t == "2", "CCFUSE_TP_CLUSTER '", t, "' must be 1 or 2");
   return std::stoi(t);
 }
+// EXPERIMENT (A/B runs): CCFUSE_TP_PDL=1 launches the fused TP GEMMs with programmatic
+// dependent launch after their entry barrier (AgGemmConfig/GemmRsConfig::overlap_entry).
+bool pdl_override() {
+  const char* v = std::getenv("CCFUSE_TP_PDL");
+  if (v == nullptr || !*v) return false;
+  const std::string t = v;
+  CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_TP_PDL '", t, "' must be 0 or 1");
+  return t == "1";
+}
 tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
   tp::AgGemmConfig cfg;
   cfg.pieces_per_chunk = c.pieces_per_chunk;
   cfg.group_m = c.group_m;
   cfg.transport = c.transport == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
   cfg.cluster_m = cluster_override();
+  cfg.overlap_entry = pdl_override();
   // A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_AG_TRANSPORT=copy-engine | sm-send-warps overrides
   // the tuner; the record's config says which ran.
   if (const char* v = std::getenv("CCFUSE_AG_TRANSPORT"); v != nullptr && *v) {
@@ -92,6 +102,7 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   tp::GemmRsConfig cfg;
   cfg.group_m = c.group_m;
   cfg.cluster_m = cluster_override();
+  cfg.overlap_entry = pdl_override();
   return cfg;
 }
 std::string fused_config(const Options& o, int sms) {

@@ -37,8 +37,10 @@ struct AgSchedule : BandedTiles {
   CCFUSE_HD bool alt_a(const gemm::TileWork& w) const { return own_in_place && w.m_tile / m_tiles_per_band == rank; }
   comm::DeviceSignals sig{};
   // Producer-thread state: the call's epoch (0 = read it from the device; the copy engine's
-  // fixed-value flags set it to 1 on the host) and the chunks already seen complete.
+  // fixed-value flags set it to 1 on the host), the chunks already seen complete, and whether the
+  // entry barrier kernel is known complete (griddep_wait: with PDL the kernel may start before it).
   epoch_t epoch = 0;
+  bool entered = false;
   uint64_t seen[4] = {};
 
   static constexpr bool kHasReady = true;
@@ -53,6 +55,10 @@ struct AgSchedule : BandedTiles {
     if (own_ready && chunk / m_tiles_per_band == rank) return true;
     const bool cacheable = chunk < 256;
     if (cacheable && (seen[chunk / 64] >> (chunk % 64) & 1)) return true;
+    if (!entered) {
+      gemm::sm90::griddep_wait();  // the epoch and the flags are the entry barrier's (a no-op without PDL)
+      entered = true;
+    }
     if (epoch == 0) epoch = comm::current_epoch(sig);
     bool ok = true;
     const int flag0 = chunk / chunks_per_flag * pieces;
@@ -171,7 +177,8 @@ std::string to_string(const AgGemmConfig& c, int num_sms) {
   }
   os << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
      << " group_m=" << c.group_m << " push=send-warps"
-     << (c.push_ctas > 0 ? "(" + std::to_string(c.push_ctas) + " ctas)" : std::string());
+     << (c.push_ctas > 0 ? "(" + std::to_string(c.push_ctas) + " ctas)" : std::string())
+     << (c.overlap_entry ? " entry=pdl" : "");
   return os.str();
 }
 
@@ -232,30 +239,31 @@ namespace {
 template <class E, bool kNK, class Epi>
 void launch_ag_layout(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local,
                       const AgSchedule& sched, const Epi& epi, const void* b, void* c, int sms, int cluster_m,
-                      cudaStream_t stream) {
+                      bool pdl, cudaStream_t stream) {
   const int64_t ldb = kNK ? d.k : d.n;
   if (d.n % 8 == 0 && cluster_m == 2)
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 3, kNK, 2, true>>(
         d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
   else if (d.n % 8 == 0)
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 3, kNK, 1, true>>(
-        d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
+        d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local, pdl);
   else
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 4, kNK>>(d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n,
-                                                                          sched, epi, sms, stream, 1, 0, a_local, m_local);
+                                                                          sched, epi, sms, stream, 1, 0, a_local, m_local,
+                                                                          pdl);
 }
 template <class Epi>
 void launch_ag(const AgGemmDesc& d, const void* gathered, const void* a_local, int64_t m_local, const AgSchedule& sched,
-               const Epi& epi, const void* b, void* c, int sms, int cluster_m, cudaStream_t stream) {
+               const Epi& epi, const void* b, void* c, int sms, int cluster_m, bool pdl, cudaStream_t stream) {
   const bool bf16 = d.dtype == DType::kBFloat16, nk = d.b_layout == gemm::BLayout::kNK;
   if (bf16 && nk)
-    launch_ag_layout<cutlass::bfloat16_t, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, stream);
+    launch_ag_layout<cutlass::bfloat16_t, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, pdl, stream);
   else if (bf16)
-    launch_ag_layout<cutlass::bfloat16_t, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, stream);
+    launch_ag_layout<cutlass::bfloat16_t, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, pdl, stream);
   else if (nk)
-    launch_ag_layout<cutlass::half_t, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, stream);
+    launch_ag_layout<cutlass::half_t, true>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, pdl, stream);
   else
-    launch_ag_layout<cutlass::half_t, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, stream);
+    launch_ag_layout<cutlass::half_t, false>(d, gathered, a_local, m_local, sched, epi, b, c, sms, cluster_m, pdl, stream);
 }
 }  // namespace
 
@@ -315,7 +323,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
     AgCeEpilogue epi;
     epi.trace = s_->trace;
     epi.trace_slots = s_->trace_slots;
-    launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, s_->cfg.cluster_m, stream);
+    launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, s_->cfg.cluster_m, false, stream);
     for (size_t i = 0; i < s_->side.size(); ++i) {  // join: the caller's stream covers the copies
       CCFUSE_CUDA_CHECK(cudaEventRecord(s_->done[i], s_->side[i]));
       CCFUSE_CUDA_CHECK(cudaStreamWaitEvent(stream, s_->done[i], 0));
@@ -340,7 +348,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.push_ctas = s_->cfg.push_ctas;
   epi.trace = s_->trace;
   epi.trace_slots = s_->trace_slots;
-  launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, s_->cfg.cluster_m, stream);
+  launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, s_->cfg.cluster_m, s_->cfg.overlap_entry,
+            stream);
 }
 
 }  // namespace ccfuse::tp

@@ -145,7 +145,7 @@ std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce) {
   std::ostringstream os;
   os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=4 cluster="
      << c.cluster_m
-     << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
+     << (c.overlap_entry ? " entry=pdl" : "") << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
      << (all_reduce ? " allgather=epilogue-stores+tail-copy" : "");
   return os.str();
@@ -269,7 +269,8 @@ struct RsState {
   void launch(const void* a, const void* b, int64_t ldb, void* c, const RsSchedule& sched, const Epi& epi, int sms,
               cudaStream_t stream) {
     const GemmRsDesc& d = desc;
-    gemm::sm90::launch_gemm<T>(d.m, d.n, d.k, a, d.k, b, ldb, c, d.n, sched, epi, sms, stream);
+    gemm::sm90::launch_gemm<T>(d.m, d.n, d.k, a, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, nullptr, 0,
+                               cfg.overlap_entry && T::kClusterM == 1);
   }
 };
 

@@ -35,6 +35,7 @@ struct Shape {
   AgTransport transport = AgTransport::kSendWarps;
   int copy_rows = 0;  // AgGemmConfig::copy_rows (copy engine; 0: auto)
   int cluster_m = 1;  // AgGemmConfig::cluster_m (2: 2-CTA clusters)
+  bool overlap_entry = false;  // AgGemmConfig::overlap_entry (PDL after the entry barrier)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -61,6 +62,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     cfg.transport = sh.transport;
     cfg.copy_rows = sh.copy_rows;
     cfg.cluster_m = sh.cluster_m;
+    cfg.overlap_entry = sh.overlap_entry;
     AgGemm op(team, d, cfg);
     const int64_t m_local = d.m / w;
     cudaStream_t s;
@@ -165,7 +167,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 2},
                                            Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 2},
                                            // 384 rows per band at W = 2: an odd number of row tiles
-                                           Shape{768, 1024, 1024, gemm::BLayout::kNK}),
+                                           Shape{768, 1024, 1024, gemm::BLayout::kNK},
+                                           // PDL after the entry barrier (written 2026-11-30, not yet run):
+                                           // TMA-store and register epilogues, A_r in place and not
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 true},
+                                           Shape{512, 520, 776, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 true}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
@@ -173,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                   i.param.transport == AgTransport::kCopyEngine
                                                       ? detail::str_cat("_ce", i.param.copy_rows)
                                                       : "",
-                                                  i.param.cluster_m != 1 ? detail::str_cat("_cluster", i.param.cluster_m) : "");
+                                                  i.param.cluster_m != 1 ? detail::str_cat("_cluster", i.param.cluster_m) : "",
+                                                  i.param.overlap_entry ? "_pdl" : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {

@@ -51,11 +51,13 @@ struct Case {
   DType dtype;
   bool all_reduce;
   int cluster_m = 1;  // GemmRsConfig::cluster_m (2: 2-CTA clusters)
+  bool overlap_entry = false;  // GemmRsConfig::overlap_entry (PDL after the entry barrier)
 };
 
 std::string case_name(const Case& c) {
   return detail::str_cat(c.all_reduce ? "ar_" : "rs_", c.m, "x", c.n, "x", c.k, "_", gemm::b_layout_name(c.layout), "_",
-                         dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "");
+                         dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "",
+                         c.overlap_entry ? "_pdl" : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -96,6 +98,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     std::unique_ptr<GemmAr> ar;
     GemmRsConfig cfg;
     cfg.cluster_m = cs.cluster_m;
+    cfg.overlap_entry = cs.overlap_entry;
     if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
     else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
@@ -195,6 +198,9 @@ std::vector<Case> cases() {
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar});
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 2});  // 2-CTA clusters (opt-in)
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 2});
+    // PDL after the entry barrier (written 2026-11-30, not yet run on a GPU)
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, true});
   }
   return v;
 }

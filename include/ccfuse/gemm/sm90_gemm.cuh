@@ -259,6 +259,14 @@ __device__ inline void grouped_prefix(const int* group_rows, int num_groups, int
 //                 CTA after its last tile (GEMM+AllReduce: copying the peers' reduced bands).
 enum class Activation { kNone, kGelu, kSiluMul };
 
+// Programmatic dependent launch (launch_gemm(..., pdl = true)): the kernel may start while the
+// kernel before it on the stream (a fused op's entry barrier) still runs. Everything that depends
+// on that kernel (the call's epoch, a peer's buffers) must come after griddep_wait(), which
+// returns once the previous grid has completed and its writes are visible; without PDL it
+// returns at once. The engine calls it before the send warps' work and before the consumers'
+// first addend wait and their tail; schedules call it in wait_ready before remote waits.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 template <class Element>
 struct Params;
 
@@ -716,6 +724,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // The same tile sequence as the consumers; wait for each sent tile's hand-over.
         constexpr int kSendThreads = 96;
         const int st = threadIdx.x - 32;
+        // Everything the send warps do writes to peers or reads the call's epoch: after the entry
+        // barrier (a no-op unless launched with PDL).
+        griddep_wait();
         // Work that does not wait for any tile first (AllGather+GEMM: pushing this rank's A).
         epi.send_prologue(gemm_cta, gemm_ctas, st, kSendThreads);
         uint32_t handed = 0;
@@ -800,7 +811,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       if constexpr (Epilogue::kHasAddends) {
         if (epi.has_addends(w)) {  // the same for every consumer thread of the CTA
-          if (consumer_idx == 0) epi.wait_addends(w);
+          if (consumer_idx == 0) {
+            griddep_wait();  // the addends' flags carry the call's epoch (PDL: after the entry barrier)
+            epi.wait_addends(w);
+          }
           // The wait's acquire happens-before every consumer thread's loads of the addends.
           asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
           add_addends<Traits>(p, epi, accum, consumer_idx, w);
@@ -847,7 +861,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // The staging buffer must outlive the last stores' reads of it.
       if (consumer_idx == 0) tma_store_wait<0>();
     }
-    if constexpr (Epilogue::kHasTail) epi.tail(consumer_idx, gemm_cta, gemm_ctas);
+    if constexpr (Epilogue::kHasTail) {
+      griddep_wait();
+      epi.tail(consumer_idx, gemm_cta, gemm_ctas);
+    }
   }
   if constexpr (kCluster > 1) {
     // No CTA leaves while its partner may still arrive on its barriers.
@@ -878,7 +895,8 @@ inline PlainSchedule plain_schedule(int64_t m, int64_t n, int block_m, int block
 template <class Traits, class Schedule, class Epilogue>
 void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
                  int64_t ldc, const Schedule& sched, const Epilogue& epi, int grid_sms, cudaStream_t stream,
-                 int groups = 1, int64_t group_stride = 0, const void* a_alt = nullptr, int64_t a_alt_rows = 0) {
+                 int groups = 1, int64_t group_stride = 0, const void* a_alt = nullptr, int64_t a_alt_rows = 0,
+                 bool pdl = false) {
   using E = typename Traits::Element;
   auto tma_a = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
                              typename Traits::SmemLayoutA{}(_, _, 0));
@@ -917,7 +935,25 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     const int gemm_ctas = int(tiles < grid_sms - side ? tiles : grid_sms - side);
     if (gemm_ctas <= 0 && side == 0) return;
     if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
-    kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
+    if (!pdl) {
+      kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt,
+                                                                                 tma_c);
+    } else {
+      // Programmatic dependent launch: may start before the previous kernel on the stream ends
+      // (griddep_wait above orders what depends on it).
+      cudaLaunchConfig_t config{};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      config.gridDim = dim3(unsigned(gemm_ctas + side));
+      config.blockDim = dim3(Traits::kThreads);
+      config.dynamicSmemBytes = Traits::kSmemBytes;
+      config.stream = stream;
+      err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
+      if (err != cudaSuccess) throw Error(detail::str_cat("gemm: PDL launch failed: ", cudaGetErrorString(err)));
+    }
   } else {
     // Clustered schedules hand out pairs of vertically adjacent tiles (num_pairs, work_pair):
     // PlainSchedule and the fused TP ops' banded schedules.
