@@ -6,7 +6,10 @@ from Python, on device pointers and a CUDA stream handle (no torch dependency he
     lib.init_from_env()                       # torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
     op = lib.tp_create("ag_gemm", m, n, k)    # b is [k, n] (b_kn=True) or [n, k]
     op.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream().cuda_stream)
-    op.close(); lib.finalize()
+    op.close()
+    moe = lib.moe_ffn_create(max_tokens, hidden, ffn, experts, topk)   # w1 rows in swiglu_permutation order
+    moe.run(x, tokens, topk_ids, topk_w, w1, w2, out, stream)        # device pointers, int32 ids
+    moe.close(); lib.finalize()
 
 Errors raise CcfuseError with the library's message (the argument and the rule it broke)."""
 import ctypes
@@ -30,6 +33,25 @@ class TpOp:
             self._h = None
 
 
+class MoeFfn:
+    def __init__(self, lib, handle):
+        self._lib, self._h = lib, handle
+
+    def run(self, x, num_tokens, topk_ids, topk_w, w1, w2, out, stream):
+        self._lib._check(self._lib._dll.ccfuse_moe_ffn_run(self._h, x, num_tokens, topk_ids, topk_w, w1, w2, out,
+                                                           stream))
+
+    def describe(self):
+        s = ctypes.c_char_p()
+        self._lib._check(self._lib._dll.ccfuse_moe_ffn_describe(self._h, ctypes.byref(s)))
+        return s.value.decode()
+
+    def close(self):
+        if self._h:
+            self._lib._check(self._lib._dll.ccfuse_moe_ffn_destroy(self._h))
+            self._h = None
+
+
 class Ccfuse:
     def __init__(self, path=None):
         path = path or os.environ.get("CCFUSE_C_LIB") or os.path.join(os.path.dirname(__file__), "..", "build",
@@ -43,6 +65,12 @@ class Ccfuse:
         d.ccfuse_tp_run.argtypes = [vp, vp, vp, vp, vp]
         d.ccfuse_tp_destroy.argtypes = [vp]
         d.ccfuse_finalize.argtypes = []
+        d.ccfuse_moe_ffn_create.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                            ctypes.c_double, ctypes.POINTER(vp)]
+        d.ccfuse_moe_ffn_run.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp]
+        d.ccfuse_moe_ffn_describe.argtypes = [vp, ctypes.POINTER(ctypes.c_char_p)]
+        d.ccfuse_moe_ffn_destroy.argtypes = [vp]
+        d.ccfuse_swiglu_permutation.argtypes = [i64, ctypes.POINTER(i64)]
 
     def _check(self, rc):
         if rc != 0:
@@ -60,6 +88,18 @@ class Ccfuse:
         h = ctypes.c_void_p()
         self._check(self._dll.ccfuse_tp_create(op.encode(), m, n, k, 1 if b_kn else 0, ctypes.byref(h)))
         return TpOp(self, h, op)
+
+    def moe_ffn_create(self, max_tokens, hidden, ffn, num_experts, topk, swiglu=True, b_kn=False, imbalance=0.0):
+        h = ctypes.c_void_p()
+        self._check(self._dll.ccfuse_moe_ffn_create(max_tokens, hidden, ffn, num_experts, topk, 1 if swiglu else 0,
+                                                    1 if b_kn else 0, float(imbalance), ctypes.byref(h)))
+        return MoeFfn(self, h)
+
+    def swiglu_permutation(self, ffn):
+        """perm[i] = the row of [gate rows | up rows] (2F) that becomes row i of MoeFfn's w1."""
+        buf = (ctypes.c_int64 * (2 * ffn))()
+        self._check(self._dll.ccfuse_swiglu_permutation(ffn, buf))
+        return list(buf)
 
     def finalize(self):
         self._check(self._dll.ccfuse_finalize())

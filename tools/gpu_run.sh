@@ -205,10 +205,13 @@ if [[ " $what " == *" moe "* ]]; then
   ngpu=$(nvidia-smi -L | wc -l)
   # CCFUSE_MOE_DISPATCH: the serial dispatch modes to time (default both; the fused op is
   # all-to-all only, so "alltoall" saves device time when only the comparison is wanted).
+  # CCFUSE_MOE_INPROC=1: ccfuse's fused FFN also runs in the same process and rounds (C ABI,
+  # --ccfuse-lib): t_ccfuse_inproc_ms beside t_serial_paired_ms, checked against fp64.
+  inproc=(); [[ -n "${CCFUSE_MOE_INPROC:-}" && -f "$BIN/libccfuse_c.so" ]] && inproc=(--ccfuse-lib "$BIN/libccfuse_c.so")
   timeout ${CCFUSE_MOE_TIMEOUT:-500} python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_layer_bench.py \
     --json "$OUT/moe_serial.jsonl" --model mixtral qwen3 deepseek --tokens 4096 8192 16384 \
     --routing uniform zipf --dispatch ${CCFUSE_MOE_DISPATCH:-alltoall allgather} --iters ${CCFUSE_MOE_ITERS:-20} \
-    --warmup 5 2>&1 | tee "$OUT/moe_serial.log"
+    --warmup 5 "${inproc[@]}" 2>&1 | tee "$OUT/moe_serial.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("moe serial: rc=$rc, $(wc -l < "$OUT/moe_serial.jsonl") records, $(grep -c '"check": "PASS"' "$OUT/moe_serial.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/moe_serial.jsonl") FAIL (moe_serial.log)")
 fi

@@ -7,9 +7,22 @@ export PATH=/usr/local/cuda/bin:$PATH
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc)" --target ccfuse_tool ccfuse_gpu_tests ccfuse_comm_bench \
   ccfuse_gemm_hooks_bench ccfuse_ag_transport_probe ccfuse_router_bench ccfuse_moe_ffn_bench ccfuse_c
-mkdir -p .carry/bin
-cp build/ccfuse build/tests/ccfuse_gpu_tests build/ccfuse_comm_bench build/ccfuse_gemm_hooks_bench \
-  build/ccfuse_ag_transport_probe build/ccfuse_router_bench build/ccfuse_moe_ffn_bench build/libccfuse_c.so .carry/bin/
+# Usage: bash tools/stage_gpu.sh [NAME ...]: all binaries, or only the named ones (e.g. ccfuse
+# libccfuse_c.so ccfuse_moe_ffn_bench) when a call needs fewer: the device tool carries at most
+# 64 MiB, working tree included, and all of them together come close (about 60 MiB).
+all=(build/ccfuse build/tests/ccfuse_gpu_tests build/ccfuse_comm_bench build/ccfuse_gemm_hooks_bench
+     build/ccfuse_ag_transport_probe build/ccfuse_router_bench build/ccfuse_moe_ffn_bench build/libccfuse_c.so)
+pick=()
+if [ $# -eq 0 ]; then pick=("${all[@]}"); else
+  for name in "$@"; do
+    found=""
+    for f in "${all[@]}"; do [ "$(basename "$f")" = "$name" ] && found=$f; done
+    [ -n "$found" ] || { echo "stage_gpu.sh: unknown binary '$name'" >&2; exit 2; }
+    pick+=("$found")
+  done
+fi
+rm -rf .carry/bin && mkdir -p .carry/bin
+cp "${pick[@]}" .carry/bin/
 # The device tool carries at most 64 MiB (working tree included): no symbol tables.
 strip --strip-unneeded .carry/bin/* 2>/dev/null || true
 git rev-parse --short HEAD > .carry/commit 2>/dev/null || echo unknown > .carry/commit

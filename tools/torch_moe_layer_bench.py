@@ -39,6 +39,13 @@ Without torch._grouped_mm (or when it fails a small probe) the GEMMs run as a lo
 expert and the record says grouped_mm "matmul-loop". The torch-free helpers (arguments, cases,
 Zipf probabilities, a pure-Python twin of the routing, split sizes, records) import without torch
 (tests/python/test_torch_moe_layer_bench.py). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+
+With --ccfuse-lib PATH (libccfuse_c.so), ccfuse's fused MoE FFN (C ABI, the MoE tuner's
+configuration for the case's routing skew) runs in this process on the same x, routing and
+expert weights (W1's rows permuted into ccfuse_swiglu_permutation order), alltoall cases only:
+timed in the same rounds as the serial layer (t_serial_paired_ms, t_ccfuse_inproc_ms), checked
+against the fp64 reference on the sampled tokens (rel_err_ccfuse) and against the serial layer's
+output (rel_diff_ccfuse_vs_serial); its output is NaN-poisoned before the checked run.
 """
 import argparse
 import datetime
@@ -197,6 +204,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--sample", type=int, default=64, help="tokens per rank checked against the reference")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--ccfuse-lib", help="libccfuse_c.so: also run ccfuse's fused MoE FFN in the same rounds")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo and wall-clock timing, for testing the logic only")
     args = p.parse_args(argv)
@@ -267,7 +275,9 @@ def format_line(rec):
             "rel_err %.2e %s  rows %s" %
             (rec["model"], rec["tokens_per_rank"], rec["routing"], rec["dispatch"], rec["t_serial_ms"],
              rec["t_gemm_ms"], rec["tflops_gemm"] or 0.0, rec["t_comm_ms"], parts, rec["t_limit_ms"],
-             rec["rel_err"] if rec["rel_err"] is not None else float("nan"), rec["check"], rec["rows_per_rank"]))
+             rec["rel_err"] if rec["rel_err"] is not None else float("nan"), rec["check"], rec["rows_per_rank"]) +
+            ("  ccfuse rel_err %.2e, vs serial %.2e" % (rec["rel_err_ccfuse"], rec["rel_diff_ccfuse_vs_serial"])
+             if rec.get("rel_err_ccfuse") is not None else ""))
 
 
 NOTES = {
@@ -309,6 +319,12 @@ class Bench:
             self.gpu = "cpu"
         self.bf16 = torch.bfloat16
         self.model = None  # name of the model whose weights are loaded
+        self.ccfuse = None
+        if getattr(args, "ccfuse_lib", None):
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import ccfuse_ctypes
+            self.ccfuse = ccfuse_ctypes.Ccfuse(args.ccfuse_lib)
+            self.ccfuse.init_from_env()
         self.grouped_mm = self._probe_grouped_mm()
 
     # -- helpers
@@ -388,6 +404,10 @@ class Bench:
             w1[i].copy_(a)
             w2[i].copy_(b)
         self.w1t = w1.transpose(-2, -1)  # [E_local, H, 2F], column-major per expert (no copy)
+        if self.ccfuse is not None:  # ccfuse's W1: rows in its SwiGLU tile order, W2 as is ([H, F])
+            perm = torch.tensor(self.ccfuse.swiglu_permutation(f), dtype=torch.long, device=self.device)
+            self.w1_ccfuse = w1.index_select(1, perm).contiguous()
+            self.w2_ccfuse = w2.contiguous()
         self.w2t = w2.transpose(-2, -1)  # [E_local, F, H]
         # (source rank, local expert) -> local expert, for the local sort after the all-to-all
         self.pattern = torch.arange(n, device=self.device).repeat(self.world)
@@ -515,6 +535,52 @@ class Bench:
                 times.append(ms)
         return statistics.median(times)
 
+    def time_paired_ms(self, fns):
+        """Medians of each of fns, one run of each per round, in turn (CUDA events)."""
+        torch, dist = self.torch, self.dist
+        times = [[] for _ in fns]
+        for i in range(self.args.warmup + self.args.iters):
+            for fn, ts in zip(fns, times):
+                dist.barrier()
+                s, t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                t.record()
+                t.synchronize()
+                if i >= self.args.warmup:
+                    ts.append(s.elapsed_time(t))
+        return [statistics.median(ts) for ts in times]
+
+    def ccfuse_case(self, case, x, logits, topk, layer, idx, ref):
+        """ccfuse's fused MoE FFN on the same inputs: its figures for the record."""
+        torch, dist = self.torch, self.dist
+        t, h, f, e = case["tokens"], case["hidden"], case["ffn"], case["experts"]
+        ids, w = self.route(logits, topk)
+        ids32 = ids.to(torch.int32).contiguous()
+        w32 = w.to(torch.float32).contiguous()
+        # The routing skew for the tuner: the most rows a rank receives over the mean.
+        counts = torch.bincount(ids32.reshape(-1).long(), minlength=e).to(torch.float64)
+        dist.all_reduce(counts)
+        per_rank = counts.reshape(self.world, -1).sum(1)
+        imbalance = float(per_rank.max() / per_rank.mean()) if float(per_rank.sum()) > 0 else 1.0
+        ffn = self.ccfuse.moe_ffn_create(t, h, f, e, topk, swiglu=True, b_kn=False, imbalance=imbalance)
+        out = torch.full((t, h), float("nan"), dtype=self.bf16, device=self.device)
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def ours():
+            ffn.run(x.data_ptr(), t, ids32.data_ptr(), w32.data_ptr(), self.w1_ccfuse.data_ptr(),
+                    self.w2_ccfuse.data_ptr(), out.data_ptr(), stream)
+        dist.barrier()
+        ours()
+        serial_out = layer(x, logits, topk)
+        torch.cuda.synchronize()
+        rel_err = float((out[idx].double() - ref).norm() / ref.norm())
+        diff = float((out.float() - serial_out.float()).norm() / serial_out.float().norm())
+        t_serial, t_ours = self.time_paired_ms([lambda: layer(x, logits, topk), ours])
+        config = ffn.describe()
+        ffn.close()
+        return {"t_serial_paired": t_serial, "t_ccfuse_inproc": t_ours}, rel_err, diff, config, imbalance
+
     def max_over_ranks(self, values):
         v = self.torch.tensor(values, dtype=self.torch.float64, device=self.device)
         self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX)
@@ -540,6 +606,9 @@ class Bench:
         idx = torch.tensor(sorted({(i * t) // ns for i in range(ns)}), device=self.device)
         ref = self.reference(x, logits, topk, idx, h, f)
         rel_err = float((out[idx].double() - ref).norm() / ref.norm())
+        inproc = None
+        if self.ccfuse is not None and case["dispatch"] == "alltoall" and self.device.type == "cuda":
+            inproc = self.ccfuse_case(case, x, logits, topk, layer, idx, ref)
         del out, ref
         times = {"t_serial": self.time_ms(lambda: layer(x, logits, topk))}
         xs, offs, offs_host = keep["xs"], keep["offs"], keep["offs_host"]
@@ -565,6 +634,13 @@ class Bench:
         times["t_comm"] = self.time_ms(lambda: [fn() for fn in fns])
         for name, fn in parts.items():
             times[name] = self.time_ms(fn)
+        extra = {}
+        if inproc is not None:
+            paired, err_c, diff_c, config_c, imbalance = inproc
+            times.update(paired)
+            worst_c = self.max_over_ranks([err_c, diff_c])
+            extra = dict(rel_err_ccfuse=worst_c[0], rel_diff_ccfuse_vs_serial=worst_c[1], ccfuse_config=config_c,
+                         routing_imbalance=imbalance)
         names = sorted(times)
         worst = self.max_over_ranks([times[n] for n in names] + [rel_err])
         times, rel_err = dict(zip(names, worst[:-1])), worst[-1]
@@ -572,7 +648,7 @@ class Bench:
         rec = build_record(case, self.world, self.gpu, commit, utc_date(), times, rel_err, self.grouped_mm,
                            rows_per_rank, NOTES[case["dispatch"]], hidden=h, ffn=f, torch=torch.__version__,
                            iters=self.args.iters, warmup=self.args.warmup, sample_tokens=int(idx.numel()),
-                           zipf_exponent=ZIPF_EXPONENT if case["routing"] == "zipf" else None)
+                           zipf_exponent=ZIPF_EXPONENT if case["routing"] == "zipf" else None, **extra)
         del keep, x, logits, xs, offs
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -596,6 +672,9 @@ def main(argv=None):
             with open(args.json, "a") as f:
                 f.write(json.dumps(rec) + "\n")
     bench.dist.barrier()
+    if bench.ccfuse is not None:
+        bench.sync()
+        bench.ccfuse.finalize()
     bench.dist.destroy_process_group()
     return 0
 

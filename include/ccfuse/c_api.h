@@ -14,6 +14,17 @@
  * a = A_r [m, k/W], c = [m, n]. b is B_r: [k', n] row-major with b_kn = 1 (a torch [K, N]
  * tensor), [n, k'] with b_kn = 0 (a torch Linear weight), k' = k (ag_gemm) or k/W. bf16 only.
  *
+ * The expert-parallel MoE FFN (ccfuse/moe/moe_ffn.h; E experts, rank r owns E/W of them):
+ *   ccfuse_moe_ffn_create(max_tokens, H, F, E, topk, swiglu, b_kn, imbalance, &ffn)  (collective)
+ *   ccfuse_moe_ffn_run(ffn, x, T, topk_ids, topk_w, w1, w2, out, stream)            (collective)
+ * x [T, H] bf16, topk_ids [T, topk] int32 (-1 = dropped), topk_w [T, topk] float, out [T, H] bf16;
+ * w1 [E/W, 2F, H] (b_kn = 0, Linear weights) or [E/W, H, 2F] with its 2F gate/up rows (columns)
+ * in ccfuse_swiglu_permutation order (with swiglu; [.., F, H] / [.., H, F] without), w2 [E/W, H,
+ * F] (b_kn = 0) or [E/W, F, H]. imbalance: the routing skew the MoE tuner is given (most rows a
+ * rank receives / the mean, e.g. from the previous step; 0 = unknown), see docs/moe-tuner.md.
+ * ccfuse_swiglu_permutation(F, perm): perm[i] (2F entries) = the row of [gate rows | up rows]
+ * that becomes row i of w1.
+ *
  * Every function returns 0 on success; otherwise nonzero, and ccfuse_last_error() (this thread's
  * last failure) names the argument and the rule it broke.
  */
@@ -27,12 +38,20 @@ extern "C" {
 #endif
 
 typedef struct ccfuse_tp_op ccfuse_tp_op;
+typedef struct ccfuse_moe_ffn ccfuse_moe_ffn;
 
 int ccfuse_init_from_env(void);
 int ccfuse_world_size(int* out);
 int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, ccfuse_tp_op** out);
 int ccfuse_tp_run(ccfuse_tp_op* op, const void* a, const void* b, void* c, void* stream);
 int ccfuse_tp_destroy(ccfuse_tp_op* op);
+int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk, int swiglu,
+                          int b_kn, double imbalance, ccfuse_moe_ffn** out);
+int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
+                       const float* topk_w, const void* w1, const void* w2, void* out, void* stream);
+int ccfuse_moe_ffn_describe(ccfuse_moe_ffn* ffn, const char** out);
+int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn);
+int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm);
 int ccfuse_finalize(void);
 const char* ccfuse_last_error(void);
 

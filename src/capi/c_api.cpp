@@ -1,14 +1,18 @@
 // The C ABI of include/ccfuse/c_api.h: a process-wide Team and the TP ops behind opaque handles.
 #include "ccfuse/c_api.h"
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ccfuse/comm/team.h"
 #include "ccfuse/common/error.h"
 #include "ccfuse/tp/ag_gemm.h"
+#include "ccfuse/moe/moe_ffn.h"
+#include "ccfuse/moe/moe_tuner.h"
 #include "ccfuse/tp/gemm_rs.h"
 
 struct ccfuse_tp_op {
@@ -16,6 +20,11 @@ struct ccfuse_tp_op {
   std::unique_ptr<ccfuse::tp::AgGemm> ag;
   std::unique_ptr<ccfuse::tp::GemmRs> rs;
   std::unique_ptr<ccfuse::tp::GemmAr> ar;
+};
+
+struct ccfuse_moe_ffn {
+  std::unique_ptr<ccfuse::moe::MoeFfn> ffn;
+  std::string description;
 };
 
 namespace {
@@ -109,6 +118,70 @@ int ccfuse_tp_run(ccfuse_tp_op* op, const void* a, const void* b, void* c, void*
 
 int ccfuse_tp_destroy(ccfuse_tp_op* op) {
   return guarded([&] { delete op; });
+}
+
+int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk, int swiglu,
+                          int b_kn, double imbalance, ccfuse_moe_ffn** out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
+    *out = nullptr;
+    CCFUSE_ARG_CHECK(swiglu == 0 || swiglu == 1, "swiglu ", swiglu, " must be 0 or 1");
+    CCFUSE_ARG_CHECK(b_kn == 0 || b_kn == 1, "b_kn ", b_kn, " must be 0 (weights [.., N, K]) or 1 ([.., K, N])");
+    ccfuse::comm::Team& t = the_team();
+    // The tuner's choice for this problem (docs/moe-tuner.md); it also checks the arguments.
+    ccfuse::moe::MoeProblem p;
+    p.world_size = t.world_size();
+    p.num_experts = num_experts;
+    p.topk = topk;
+    p.tokens_per_rank = max_tokens;
+    p.hidden = hidden;
+    p.ffn = ffn;
+    p.imbalance = imbalance;
+    const ccfuse::moe::MoeChoice choice = ccfuse::moe::choose_moe_config(p);
+    ccfuse::moe::MoeFfnDesc d;
+    d.max_tokens = max_tokens;
+    d.hidden = hidden;
+    d.ffn = ffn;
+    d.num_experts = num_experts;
+    d.topk = topk;
+    d.swiglu = swiglu != 0;
+    d.b_layout = b_kn ? ccfuse::gemm::BLayout::kKN : ccfuse::gemm::BLayout::kNK;
+    ccfuse::moe::MoeFfnConfig cfg;
+    cfg.combine = choice.combine == "presum" ? ccfuse::moe::MoeCombine::kPresum : ccfuse::moe::MoeCombine::kPerSlot;
+    cfg.interleave_sends = choice.send_order == "interleaved";
+    auto h = std::make_unique<ccfuse_moe_ffn>();
+    h->ffn = std::make_unique<ccfuse::moe::MoeFfn>(t, d, cfg);
+    h->description = h->ffn->describe() + "; tuner: " + ccfuse::moe::to_string(choice);
+    *out = h.release();
+  });
+}
+
+int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
+                       const float* topk_w, const void* w1, const void* w2, void* out, void* stream) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(ffn != nullptr, "ffn must be a handle from ccfuse_moe_ffn_create, got null");
+    ffn->ffn->run(x, num_tokens, topk_ids, topk_w, w1, w2, out, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int ccfuse_moe_ffn_describe(ccfuse_moe_ffn* ffn, const char** out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(ffn != nullptr && out != nullptr, "ffn and out must not be null");
+    *out = ffn->description.c_str();
+  });
+}
+
+int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn) {
+  return guarded([&] { delete ffn; });
+}
+
+int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(perm != nullptr, "perm must not be null");
+    CCFUSE_ARG_CHECK(ffn > 0 && ffn % 128 == 0, "ffn ", ffn, " must be a positive multiple of 128 (SwiGLU tiles)");
+    const std::vector<int64_t> p = ccfuse::gemm::swiglu_column_permutation(ffn, 256);
+    std::copy(p.begin(), p.end(), perm);
+  });
 }
 
 int ccfuse_finalize(void) {

@@ -41,6 +41,18 @@ class CApi(unittest.TestCase):
                           "op must be a handle from ccfuse_tp_create, got null")
         self.expect_error('lib._check(lib._dll.ccfuse_tp_create(b"ag_gemm", 8, 8, 8, 2, None))', "out must not be null")
 
+    def test_moe_entry_points(self):
+        self.expect_error("lib.moe_ffn_create(64, 256, 128, 8, 2)", "no Team: call ccfuse_init_from_env() first")
+        self.expect_error("lib._check(lib._dll.ccfuse_moe_ffn_create(64, 256, 128, 8, 2, 1, 2, 0.0, "
+                          "ccfuse_ctypes.ctypes.byref(ccfuse_ctypes.ctypes.c_void_p())))",
+                          "b_kn 2 must be 0 (weights [.., N, K]) or 1 ([.., K, N])")
+        self.expect_error("ccfuse_ctypes.MoeFfn(lib, None).run(0, 0, 0, 0, 0, 0, 0, 0)",
+                          "ffn must be a handle from ccfuse_moe_ffn_create, got null")
+        self.expect_error("lib.swiglu_permutation(100)", "ffn 100 must be a positive multiple of 128 (SwiGLU tiles)")
+        # the permutation itself: per 256-row tile, 128 gate rows then the 128 matching up rows
+        r = self.run_child("p = lib.swiglu_permutation(256)\nprint(p[0], p[127], p[128], p[255], p[256], p[384], len(p))\n")
+        self.assertEqual(r.stdout.split(), ["0", "127", "256", "383", "128", "384", "512"], r.stderr)
+
     def test_finalize_without_team_is_fine(self):
         r = self.run_child("lib.finalize()\nprint('ok')\n")
         self.assertEqual(r.stdout.strip(), "ok", r.stderr)
