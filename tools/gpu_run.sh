@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_narrow]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -305,6 +305,22 @@ if [[ " $what " == *" gemm_tma "* ]]; then
   done
   python3 tools/summarize_gemm.py --table "$OUT/gemm_tma.jsonl" 2>&1 | tee "$OUT/gemm_tma_summary.log"
   summary+=("gemm tma-store: gemm_tma_summary.log")
+fi
+if [[ " $what " == *" gemm_narrow "* ]]; then
+  # EXPERIMENT (written 2026-11-30): the narrow TMA-store tile (128x128x64, 5 stages) on the 11
+  # sweep-v5 shapes below 90 % of cuBLASLt whose chosen tile is 128x128 (register epilogue),
+  # against that choice and cuBLASLt in the same bench (CCFUSE_GEMM_NARROW_TMA=1).
+  : > "$OUT/gemm_narrow.log"; : > "$OUT/gemm_narrow.jsonl"
+  for shape in "1024 768 4096" "1024 1280 8192" "1024 1536 4096" "4096 1280 8192" "1024 5120 8192" "8192 768 4096" \
+               "1024 14336 4096" "4096 3584 4096" "4096 1536 4096" "8192 1280 8192" "1024 14336 8192"; do
+    set -- $shape
+    for narrow in 0 1; do
+      CCFUSE_GEMM_NARROW_TMA=$narrow timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_narrow.jsonl" < /dev/null >> "$OUT/gemm_narrow.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/gemm_narrow.jsonl" 2>&1 | tee "$OUT/gemm_narrow_summary.log"
+  summary+=("gemm narrow tma-store: gemm_narrow_summary.log")
 fi
 if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where

@@ -205,6 +205,13 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.tma_store = true;
     cfg.split_k = 1;
   }
+  // EXPERIMENT (written 2026-11-30, not yet run): CCFUSE_GEMM_NARROW_TMA=1 gives the 128x128
+  // tiles that choose_config picks (few-tile shapes) the TMA-store epilogue (128x128x64, 5 stages).
+  if (const char* v = std::getenv("CCFUSE_GEMM_NARROW_TMA"); v != nullptr && std::string(v) == "1" &&
+      cfg.block_n == 128 && cfg.split_k == 1 && desc.n % 8 == 0) {
+    cfg.stages = 5;
+    cfg.tma_store = true;
+  }
   gemm::validate(desc, cfg);
   return cfg;
 }
