@@ -36,7 +36,11 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   MoeChoice c;
   std::ostringstream why;
   c.dispatch = "all-to-all";
-  why << "dispatch all-to-all (the all-gather mode is built in the CPU world only). ";
+  c.alltoall_over_allgather_bytes = p.world_size > 1 ? double(p.topk) / double(p.world_size) : 1.0;
+  why << "dispatch all-to-all (the all-gather mode is built in the CPU world only";
+  if (c.alltoall_over_allgather_bytes > 1)
+    why << "; it would move " << num(c.alltoall_over_allgather_bytes) << "x fewer dispatch bytes here";
+  why << "). ";
   c.combine = auto_combine(p.topk, p.world_size);
   if (c.combine == std::string("presum"))
     why << "combine presum: one row per (token, rank) instead of one per slot (" << p.topk

@@ -30,6 +30,11 @@ struct MoeChoice {
   int num_comm_ctas = 0;   // n_c: CTAs taken from the grouped GEMMs for communication
   int send_warps_per_cta = 3;  // the producer warpgroup's idle warps that copy rows
   int unit_rows = 128;     // rows per dispatch unit and flag (one GEMM row tile)
+  // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
+  // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
+  // token to every peer once: k / W. Above 1 the all-gather mode (not built on GPUs) would move
+  // fewer bytes; the why-string says so.
+  double alltoall_over_allgather_bytes = 0;
   std::string why;
 };
 

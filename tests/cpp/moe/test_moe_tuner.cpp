@@ -77,7 +77,13 @@ TEST(MoeTuner, WhyAndToString) {
   EXPECT_NE(a.why.find("send order interleaved: balanced routing (imbalance 1 <= 1.25) and 16384 >= 8192 tokens"),
             std::string::npos)
       << a.why;
+  EXPECT_DOUBLE_EQ(a.alltoall_over_allgather_bytes, 4.0);  // top-8 over 2 ranks
+  EXPECT_NE(a.why.find("all-gather mode is built in the CPU world only; it would move 4x fewer dispatch bytes here"),
+            std::string::npos)
+      << a.why;
   const MoeChoice b = choose_moe_config(problem(2, 8, 1, 4096, 4096, 14336, 1.78));
+  EXPECT_DOUBLE_EQ(b.alltoall_over_allgather_bytes, 0.5);
+  EXPECT_EQ(b.why.find("fewer dispatch bytes"), std::string::npos) << b.why;
   EXPECT_EQ(b.combine, "per-slot");
   EXPECT_NE(b.why.find("combine per-slot: top-1 has nothing to pre-sum"), std::string::npos) << b.why;
   EXPECT_NE(b.why.find("owner-major: skewed routing (imbalance 1.78)"), std::string::npos) << b.why;
