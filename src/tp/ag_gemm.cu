@@ -171,7 +171,7 @@ std::string to_string(const AgGemmConfig& c, int num_sms) {
   os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) cluster="
      << c.cluster_m << " chunk_rows=" << kBlockM;
   if (c.transport == AgTransport::kCopyEngine) {
-    os << " group_m=" << c.group_m << " push=copy-engine(copy_rows="
+    os << " group_m=" << c.group_m << " push=" << transport_name(c.transport) << "(copy_rows="
        << (c.copy_rows > 0 ? std::to_string(c.copy_rows) : std::string("auto")) << ")";
     return os.str();
   }
