@@ -77,9 +77,9 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
     ccfuse = None
     if args.ccfuse_lib:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import ccfuse_ctypes
-        ccfuse = ccfuse_ctypes.Ccfuse(args.ccfuse_lib)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+        from ccfuse import _capi
+        ccfuse = _capi.Ccfuse(args.ccfuse_lib)
         ccfuse.init_from_env()
     records = []
     for op, m, n, k in args.shape:

@@ -321,9 +321,9 @@ class Bench:
         self.model = None  # name of the model whose weights are loaded
         self.ccfuse = None
         if getattr(args, "ccfuse_lib", None):
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import ccfuse_ctypes
-            self.ccfuse = ccfuse_ctypes.Ccfuse(args.ccfuse_lib)
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+            from ccfuse import _capi
+            self.ccfuse = _capi.Ccfuse(args.ccfuse_lib)
             self.ccfuse.init_from_env()
         self.grouped_mm = self._probe_grouped_mm()
 

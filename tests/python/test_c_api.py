@@ -1,4 +1,4 @@
-"""The C ABI through ctypes (tools/ccfuse_ctypes.py) on any machine: the errors that come before
+"""The C ABI through ctypes (python/ccfuse/_capi.py) on any machine: the errors that come before
 any GPU work. Skipped where libccfuse_c.so was not built (no CUDA toolkit). The GPU path runs in
 tools/torch_async_tp_bench.py --ccfuse-lib, checked against PyTorch async-TP's output."""
 import os
@@ -7,10 +7,10 @@ import sys
 import unittest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 LIB = os.path.join(ROOT, "build", "libccfuse_c.so")
 
-import ccfuse_ctypes  # noqa: E402
+from ccfuse import _capi as ccfuse_ctypes  # noqa: E402
 
 
 @unittest.skipUnless(os.path.exists(LIB), "libccfuse_c.so not built (no CUDA toolkit)")
@@ -20,8 +20,8 @@ class CApi(unittest.TestCase):
         # must be absent.
         env = {k: v for k, v in os.environ.items()
                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        prog = ("import sys; sys.path.insert(0, %r)\nimport ccfuse_ctypes\nlib = ccfuse_ctypes.Ccfuse(%r)\n"
-                % (os.path.join(ROOT, "tools"), LIB)) + code
+        prog = ("import sys; sys.path.insert(0, %r)\nfrom ccfuse import _capi as ccfuse_ctypes\n"
+                "lib = ccfuse_ctypes.Ccfuse(%r)\n" % (os.path.join(ROOT, "python"), LIB)) + code
         return subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
 
     def expect_error(self, call, message):

@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
-"""ctypes binding of ccfuse's C ABI (include/ccfuse/c_api.h, libccfuse_c.so): the fused TP ops
-from Python, on device pointers and a CUDA stream handle (no torch dependency here).
+"""ctypes binding of ccfuse's C ABI (include/ccfuse/c_api.h, libccfuse_c.so): the fused TP ops and
+the MoE FFN from Python, on device pointers and a CUDA stream handle (no torch dependency here;
+ccfuse.torch_ops wraps it for torch tensors).
 
     lib = Ccfuse("build/libccfuse_c.so")
     lib.init_from_env()                       # torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
@@ -54,8 +54,8 @@ class MoeFfn:
 
 class Ccfuse:
     def __init__(self, path=None):
-        path = path or os.environ.get("CCFUSE_C_LIB") or os.path.join(os.path.dirname(__file__), "..", "build",
-                                                                         "libccfuse_c.so")
+        path = path or os.environ.get("CCFUSE_C_LIB") or os.path.join(os.path.dirname(__file__), "..", "..",
+                                                                         "build", "libccfuse_c.so")
         d = self._dll = ctypes.CDLL(path)
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         d.ccfuse_last_error.restype = ctypes.c_char_p

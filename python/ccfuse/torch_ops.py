@@ -1,0 +1,171 @@
+"""The fused tensor-parallel ops and the expert-parallel MoE FFN on torch tensors.
+
+    import torch, torch.distributed as dist
+    from ccfuse import torch_ops as cf
+    dist.init_process_group("nccl"); torch.cuda.set_device(local_rank)
+    cf.init()                                  # the process's Team (collective), libccfuse_c.so
+    c = cf.ag_gemm(a, b)                       # a [M/W, K], b [K, N] -> c [M, N] = AllGather(a) @ b
+    y = cf.gemm_rs(x, w)                       # x [M, K/W], w [K/W, N] -> this rank's rows [M/W, N]
+    z = cf.gemm_ar(x, w)                       # -> [M, N]
+    moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T)
+    out = moe(x, topk_ids, topk_w)             # [T, H]
+    cf.finalize()                              # before dist.destroy_process_group()
+
+Every call is collective: all ranks call the same ops with the same shapes in the same order
+(the ops are cached per shape, and creating one allocates symmetric memory on every rank). The
+calls run on torch's current stream with no host synchronisation, so they compose with the
+caching allocator's stream semantics. bf16 only. Weights of the TP ops: b is [K, N] (a @ b), or
+a torch.nn.Linear weight [N, K] with b_is_weight=True. Bad input raises ValueError naming the
+argument and the rule; the library's own checks raise ccfuse.CcfuseError.
+"""
+import torch
+
+from ._capi import Ccfuse
+
+_lib = None
+_ops = {}
+
+
+def init(lib_path=None):
+    """Loads libccfuse_c.so (lib_path, $CCFUSE_C_LIB or build/) and joins the process's Team."""
+    global _lib
+    if _lib is None:
+        lib = Ccfuse(lib_path)
+        lib.init_from_env()
+        _lib = lib
+    return _lib.world_size()
+
+
+def finalize():
+    """Frees every cached op and the Team (collective)."""
+    global _lib
+    for op in _ops.values():
+        op.close()
+    _ops.clear()
+    if _lib is not None:
+        _lib.finalize()
+        _lib = None
+
+
+def _need_lib():
+    if _lib is None:
+        raise ValueError("ccfuse is not initialised: call ccfuse.torch_ops.init() first")
+    return _lib
+
+
+def _check(name, t, ndim, dtype=torch.bfloat16):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError("%s must be a torch.Tensor, got %s" % (name, type(t).__name__))
+    if t.device.type != "cuda":
+        raise ValueError("%s must be a CUDA tensor, got device %s" % (name, t.device))
+    if t.dtype != dtype:
+        raise ValueError("%s must be %s, got %s" % (name, dtype, t.dtype))
+    if t.dim() != ndim:
+        raise ValueError("%s must have %d dimensions, got shape %s" % (name, ndim, tuple(t.shape)))
+    if not t.is_contiguous():
+        raise ValueError("%s must be contiguous (row-major)" % name)
+
+
+def _out(name, out, shape, like):
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    _check(name, out, len(shape))
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError("%s must have shape %s, got %s" % (name, tuple(shape), tuple(out.shape)))
+    return out
+
+
+def _tp(op, a, b, b_is_weight, out):
+    lib = _need_lib()
+    w = lib.world_size()
+    _check("a", a, 2)
+    _check("b", b, 2)
+    rows, k_local = a.shape
+    k_b, n = (b.shape[1], b.shape[0]) if b_is_weight else (b.shape[0], b.shape[1])
+    if op == "ag_gemm":
+        m, k = rows * w, k_local
+        out_shape = (m, n)
+    else:
+        m, k = rows, k_local * w
+        out_shape = (m // w, n) if op == "gemm_rs" else (m, n)
+        if m % w:
+            raise ValueError("%s: a has %d rows, not divisible by the world size %d" % (op, m, w))
+    if k_b != k_local:
+        raise ValueError("%s: a is [.., %d] but b is %s: its K must be %d" % (
+            op, k_local, tuple(b.shape), k_local))
+    key = (op, m, n, k, not b_is_weight)
+    if key not in _ops:
+        _ops[key] = lib.tp_create(op, m, n, k, b_kn=not b_is_weight)
+    c = _out("out", out, out_shape, a)
+    for name, t in (("a", a), ("b", b)):
+        if c.data_ptr() < t.data_ptr() + t.numel() * t.element_size() and t.data_ptr() < c.data_ptr() + c.numel() * 2:
+            raise ValueError("out must not overlap %s" % name)
+    _ops[key].run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream)
+    return c
+
+
+def ag_gemm(a, b, out=None, b_is_weight=False):
+    """AllGather(a) @ b: a = this rank's rows [M/W, K], b [K, N] (or [N, K] with b_is_weight) -> [M, N]."""
+    return _tp("ag_gemm", a, b, b_is_weight, out)
+
+
+def gemm_rs(a, b, out=None, b_is_weight=False):
+    """ReduceScatter_rows(a @ b): a [M, K/W] (this rank's K slice), b [K/W, N] -> this rank's rows [M/W, N]."""
+    return _tp("gemm_rs", a, b, b_is_weight, out)
+
+
+def gemm_ar(a, b, out=None, b_is_weight=False):
+    """AllReduce(a @ b) split along M: a [M, K/W], b [K/W, N] -> [M, N]."""
+    return _tp("gemm_ar", a, b, b_is_weight, out)
+
+
+class MoeFfn:
+    """The expert-parallel SwiGLU MoE FFN over this rank's experts (E / W of them, contiguous).
+
+    w1: [E/W, 2F, H], per expert the gate rows then the up rows (torch Linear weights); w2:
+    [E/W, H, F]. W1 is permuted once into ccfuse's SwiGLU tile order here. imbalance: the routing
+    skew hint for the MoE tuner (most rows a rank receives / the mean; 0 = unknown).
+    __call__(x [T, H] bf16, topk_ids [T, k] int32 (-1 = dropped), topk_w [T, k] float32) -> [T, H].
+    """
+
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0):
+        lib = _need_lib()
+        _check("w1", w1, 3)
+        _check("w2", w2, 3)
+        e_local, two_f, h = w1.shape
+        f = two_f // 2
+        if two_f % 2 or tuple(w2.shape) != (e_local, h, f):
+            raise ValueError("w2 must be [E/W, H, F] = %s for w1 %s, got %s" % (
+                (e_local, h, f), tuple(w1.shape), tuple(w2.shape)))
+        if e_local * lib.world_size() != num_experts:
+            raise ValueError("w1 holds %d experts, but num_experts %d / world size %d = %s" % (
+                e_local, num_experts, lib.world_size(), num_experts / lib.world_size()))
+        perm = torch.tensor(lib.swiglu_permutation(f), dtype=torch.long, device=w1.device)
+        self.w1 = w1.index_select(1, perm).contiguous()
+        self.w2 = w2
+        self.hidden, self.topk, self.max_tokens = h, topk, max_tokens
+        self._ffn = lib.moe_ffn_create(max_tokens, h, f, num_experts, topk, swiglu=True, b_kn=False,
+                                       imbalance=imbalance)
+
+    def describe(self):
+        return self._ffn.describe()
+
+    def __call__(self, x, topk_ids, topk_w, out=None):
+        _check("x", x, 2)
+        _check("topk_ids", topk_ids, 2, torch.int32)
+        _check("topk_w", topk_w, 2, torch.float32)
+        t = x.shape[0]
+        if x.shape[1] != self.hidden:
+            raise ValueError("x must be [T, %d], got %s" % (self.hidden, tuple(x.shape)))
+        if tuple(topk_ids.shape) != (t, self.topk) or tuple(topk_w.shape) != (t, self.topk):
+            raise ValueError("topk_ids and topk_w must be [%d, %d], got %s and %s" % (
+                t, self.topk, tuple(topk_ids.shape), tuple(topk_w.shape)))
+        if t > self.max_tokens:
+            raise ValueError("x has %d tokens, more than max_tokens %d" % (t, self.max_tokens))
+        y = _out("out", out, (t, self.hidden), x)
+        self._ffn.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), self.w1.data_ptr(),
+                      self.w2.data_ptr(), y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+        return y
+
+    def close(self):
+        self._ffn.close()

@@ -1,0 +1,188 @@
+"""python/ccfuse/torch_ops.py without a GPU: its argument checks, output shapes, op caching and
+the calls it makes into the C ABI, against a small stand-in for torch (the real torch is not
+installed on the CI machines; with it present the stand-in is still used, so that CUDA tensors
+can be imitated)."""
+import importlib
+import os
+import sys
+import types
+import unittest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+class FakeDevice:
+    def __init__(self, kind):
+        self.type = kind
+
+    def __repr__(self):
+        return self.type
+
+
+class FakeTensor:
+    _next = [1 << 20]
+
+    def __init__(self, shape, dtype, device="cuda", contiguous=True):
+        self.shape, self.dtype, self.device, self._contig = tuple(shape), dtype, FakeDevice(device), contiguous
+        self._ptr = FakeTensor._next[0]
+        n = 1
+        for s in shape:
+            n *= s
+        FakeTensor._next[0] += max(n, 1) * 4 + 4096
+
+    def dim(self):
+        return len(self.shape)
+
+    def is_contiguous(self):
+        return self._contig
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def element_size(self):
+        return 4 if self.dtype in ("float32", "int32") else 2
+
+    def index_select(self, dim, perm):
+        return FakeTensor(self.shape, self.dtype)
+
+    def contiguous(self):
+        return self
+
+
+def fake_torch():
+    t = types.ModuleType("torch")
+    t.Tensor = FakeTensor
+    t.bfloat16, t.float32, t.int32, t.long = "bfloat16", "float32", "int32", "int64"
+    t.empty = lambda shape, dtype=None, device=None: FakeTensor(shape, dtype)
+    t.tensor = lambda data, dtype=None, device=None: FakeTensor((len(data),), dtype)
+    stream = types.SimpleNamespace(cuda_stream=1234)
+    t.cuda = types.SimpleNamespace(current_stream=lambda device=None: stream)
+    return t
+
+
+class FakeOp:
+    def __init__(self, log, key):
+        self.log, self.key = log, key
+
+    def run(self, *args):
+        self.log.append(("run", self.key) + args)
+
+    def close(self):
+        self.log.append(("close", self.key))
+
+    def describe(self):
+        return "fake"
+
+
+class FakeLib:
+    def __init__(self, world):
+        self.world, self.log = world, []
+
+    def world_size(self):
+        return self.world
+
+    def tp_create(self, op, m, n, k, b_kn=True):
+        self.log.append(("create", op, m, n, k, b_kn))
+        return FakeOp(self.log, (op, m, n, k))
+
+    def moe_ffn_create(self, *args, **kw):
+        self.log.append(("moe_create",) + args + tuple(sorted(kw.items())))
+        return FakeOp(self.log, "moe")
+
+    def swiglu_permutation(self, f):
+        return list(range(2 * f))
+
+    def finalize(self):
+        self.log.append(("finalize",))
+
+
+class TorchOps(unittest.TestCase):
+    def setUp(self):
+        self.saved = sys.modules.get("torch")
+        sys.modules["torch"] = fake_torch()
+        sys.modules.pop("ccfuse.torch_ops", None)
+        self.cf = importlib.import_module("ccfuse.torch_ops")
+        self.lib = FakeLib(2)
+        self.cf._lib = self.lib
+
+    def tearDown(self):
+        self.cf._ops.clear()
+        sys.modules.pop("ccfuse.torch_ops", None)
+        if self.saved is not None:
+            sys.modules["torch"] = self.saved
+        else:
+            sys.modules.pop("torch", None)
+
+    def bf16(self, *shape, **kw):
+        return FakeTensor(shape, "bfloat16", **kw)
+
+    def error(self, fn, message):
+        with self.assertRaises(ValueError) as e:
+            fn()
+        self.assertEqual(str(e.exception), message)
+
+    def test_shapes_caching_and_calls(self):
+        cf, log = self.cf, self.lib.log
+        c = cf.ag_gemm(self.bf16(512, 1024), self.bf16(1024, 3072))
+        self.assertEqual(c.shape, (1024, 3072))
+        cf.ag_gemm(self.bf16(512, 1024), self.bf16(1024, 3072))
+        self.assertEqual([x[0] for x in log], ["create", "run", "run"])  # created once per shape
+        self.assertEqual(log[0], ("create", "ag_gemm", 1024, 3072, 1024, True))
+        self.assertEqual(log[1][-1], 1234)  # torch's current stream
+        y = cf.gemm_rs(self.bf16(4096, 512), self.bf16(2048, 512), b_is_weight=True)  # Linear weight [N, K/W]
+        self.assertEqual(y.shape, (2048, 2048))
+        self.assertEqual(log[3], ("create", "gemm_rs", 4096, 2048, 1024, False))
+        z = cf.gemm_ar(self.bf16(4096, 512), self.bf16(512, 2048))
+        self.assertEqual(z.shape, (4096, 2048))
+        cf.finalize()
+        self.assertEqual([x[0] for x in log[-4:]], ["close", "close", "close", "finalize"])
+        self.assertIsNone(cf._lib)
+
+    def test_bad_input(self):
+        cf = self.cf
+        a, b = self.bf16(512, 1024), self.bf16(1024, 3072)
+        self.error(lambda: cf.ag_gemm(self.bf16(512, 1024, device="cpu"), b), "a must be a CUDA tensor, got device cpu")
+        self.error(lambda: cf.ag_gemm(FakeTensor((512, 1024), "float32"), b), "a must be bfloat16, got float32")
+        self.error(lambda: cf.ag_gemm(a, self.bf16(1024, 3072, contiguous=False)), "b must be contiguous (row-major)")
+        self.error(lambda: cf.ag_gemm(a, self.bf16(1000, 3072)),
+                   "ag_gemm: a is [.., 1024] but b is (1000, 3072): its K must be 1024")
+        self.error(lambda: cf.ag_gemm(a, self.bf16(3072)), "b must have 2 dimensions, got shape (3072,)")
+        self.error(lambda: cf.gemm_rs(self.bf16(4095, 512), self.bf16(512, 64)),
+                   "gemm_rs: a has 4095 rows, not divisible by the world size 2")
+        self.error(lambda: cf.ag_gemm(a, b, out=self.bf16(1024, 3000)), "out must have shape (1024, 3072), got (1024, 3000)")
+        self.error(lambda: cf.ag_gemm(a, b, out=a), "out must have shape (1024, 3072), got (512, 1024)")
+        alias = self.bf16(1024, 3072)
+        alias._ptr = b.data_ptr() + 64  # inside b
+        self.error(lambda: cf.ag_gemm(a, b, out=alias), "out must not overlap b")
+        cf._lib = None
+        self.error(lambda: cf.ag_gemm(a, b), "ccfuse is not initialised: call ccfuse.torch_ops.init() first")
+
+    def test_moe(self):
+        cf, log = self.cf, self.lib.log
+        w1, w2 = self.bf16(4, 256, 512), self.bf16(4, 512, 128)  # E/W = 4, 2F = 256, H = 512
+        moe = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, imbalance=1.2)
+        self.assertEqual(log[0], ("moe_create", 100, 512, 128, 8, 2, ("b_kn", False), ("imbalance", 1.2), ("swiglu", True)))
+        x, ids, wts = self.bf16(64, 512), FakeTensor((64, 2), "int32"), FakeTensor((64, 2), "float32")
+        y = moe(x, ids, wts)
+        self.assertEqual(y.shape, (64, 512))
+        self.assertEqual(log[1][2:4], (x.data_ptr(), 64))
+        self.error(lambda: moe(self.bf16(101, 512), FakeTensor((101, 2), "int32"), FakeTensor((101, 2), "float32")),
+                   "x has 101 tokens, more than max_tokens 100")
+        self.error(lambda: moe(x, FakeTensor((64, 3), "int32"), wts),
+                   "topk_ids and topk_w must be [64, 2], got (64, 3) and (64, 2)")
+        self.error(lambda: moe(x, FakeTensor((64, 2), "int64"), wts), "topk_ids must be int32, got int64")
+        self.error(lambda: cf.MoeFfn(w1, self.bf16(4, 512, 64), 8, 2, 100),
+                   "w2 must be [E/W, H, F] = (4, 512, 128) for w1 (4, 256, 512), got (4, 512, 64)")
+        self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
+                   "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
+
+
+if __name__ == "__main__":
+    unittest.main()
