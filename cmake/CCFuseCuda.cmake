@@ -38,8 +38,15 @@ target_link_libraries(ccfuse::nccl INTERFACE ${NCCL_LIBRARY})
 # --- CUTLASS / CuTe headers from the pinned nvidia-cutlass PyPI package (no network at build time).
 set(CCFUSE_CUTLASS_VERSION "4.2.0.0")
 set(CCFUSE_CUTLASS_INCLUDE "" CACHE PATH "Directory holding cutlass/cutlass.h and cute/ (default: the nvidia-cutlass package)")
+# The interpreter that has it: scikit-build-core's (a wheel build's isolated environment), else python3.
+set(_ccfuse_python python3)
+if(Python_EXECUTABLE)
+  set(_ccfuse_python ${Python_EXECUTABLE})
+elseif(Python3_EXECUTABLE)
+  set(_ccfuse_python ${Python3_EXECUTABLE})
+endif()
 if(NOT CCFUSE_CUTLASS_INCLUDE)
-  execute_process(COMMAND python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
+  execute_process(COMMAND ${_ccfuse_python} -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
                   OUTPUT_VARIABLE _cutlass_inc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   if(_cutlass_inc AND EXISTS ${_cutlass_inc}/cutlass/cutlass.h)
     set(CCFUSE_CUTLASS_INCLUDE ${_cutlass_inc} CACHE PATH "" FORCE)

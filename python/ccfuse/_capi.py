@@ -54,8 +54,12 @@ class MoeFfn:
 
 class Ccfuse:
     def __init__(self, path=None):
-        path = path or os.environ.get("CCFUSE_C_LIB") or os.path.join(os.path.dirname(__file__), "..", "..",
-                                                                         "build", "libccfuse_c.so")
+        if not path and not os.environ.get("CCFUSE_C_LIB"):
+            here = os.path.dirname(os.path.abspath(__file__))
+            installed = os.path.join(here, "libccfuse_c.so")  # the wheel's copy (pip install .)
+            path = installed if os.path.exists(installed) else os.path.join(here, "..", "..", "build",
+                                                                             "libccfuse_c.so")
+        path = path or os.environ["CCFUSE_C_LIB"]
         d = self._dll = ctypes.CDLL(path)
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         d.ccfuse_last_error.restype = ctypes.c_char_p
