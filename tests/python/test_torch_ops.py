@@ -178,6 +178,8 @@ class TorchOps(unittest.TestCase):
         self.error(lambda: moe(x, FakeTensor((64, 3), "int32"), wts),
                    "topk_ids and topk_w must be [64, 2], got (64, 3) and (64, 2)")
         self.error(lambda: moe(x, FakeTensor((64, 2), "int64"), wts), "topk_ids must be int32, got int64")
+        # mismatched hidden sizes (the raw-pointer C++ API cannot see them; tensors can)
+        self.error(lambda: moe(self.bf16(64, 256), ids, wts), "x must be [T, 512], got (64, 256)")
         self.error(lambda: cf.MoeFfn(w1, self.bf16(4, 512, 64), 8, 2, 100),
                    "w2 must be [E/W, H, F] = (4, 512, 128) for w1 (4, 256, 512), got (4, 512, 64)")
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
