@@ -261,7 +261,8 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
   # pdl (EXPERIMENT, written 2026-11-30): the GEMMs launched with programmatic dependent launch
   # after their entry barrier (CCFUSE_TP_PDL=1, every op).
-  for variant in pdl cluster2 copy-engine; do
+  # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
+  for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
     case $variant in
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
