@@ -30,9 +30,9 @@ def main(ccfuse_path, peer_path):
         if p is not None:
             r["t_peer_ms"] = p["t_peer_ms"]
             r["peer"] = p.get("peer")
-            for key in ("t_ccfuse_inproc_ms", "rel_diff_vs_peer"):  # the in-process head-to-head
-                if p.get(key) is not None:
-                    r[key] = p[key]
+            for name in ("t_ccfuse_inproc_ms", "rel_diff_vs_peer"):  # the in-process head-to-head
+                if p.get(name) is not None:
+                    r[name] = p[name]
             if p.get("t_peer_mm_ms") and r.get("t_gemm_ms"):
                 r["t_peer_mm_ms"] = p["t_peer_mm_ms"]
                 r["t_peer_scaled_ms"] = p["t_peer_ms"] / p["t_peer_mm_ms"] * r["t_gemm_ms"]
