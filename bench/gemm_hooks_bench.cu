@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
         cfg.cluster_m = 1;  // the same kernel as the ready variant
         cfg.tma_store = false;  // (register epilogue: the ready variant's)
         cfg.split_k = 1;
+        cfg.stream_k = false;
         auto plain_run = [&](int i) { run(d, cfg, as[i % kSets], bs[i % kSets], c, s); };
 
         // Ready predicate on, every signal already published (one signal per row tile).

@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_narrow]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -307,21 +307,35 @@ if [[ " $what " == *" gemm_tma "* ]]; then
   python3 tools/summarize_gemm.py --table "$OUT/gemm_tma.jsonl" 2>&1 | tee "$OUT/gemm_tma_summary.log"
   summary+=("gemm tma-store: gemm_tma_summary.log")
 fi
-if [[ " $what " == *" gemm_narrow "* ]]; then
-  # EXPERIMENT (written 2026-11-30): the narrow TMA-store tile (128x128x64, 5 stages) on the 11
-  # sweep-v5 shapes below 90 % of cuBLASLt whose chosen tile is 128x128 (register epilogue),
-  # against that choice and cuBLASLt in the same bench (CCFUSE_GEMM_NARROW_TMA=1).
-  : > "$OUT/gemm_narrow.log"; : > "$OUT/gemm_narrow.jsonl"
-  for shape in "1024 768 4096" "1024 1280 8192" "1024 1536 4096" "4096 1280 8192" "1024 5120 8192" "8192 768 4096" \
-               "1024 14336 4096" "4096 3584 4096" "4096 1536 4096" "8192 1280 8192" "1024 14336 8192"; do
-    set -- $shape
-    for narrow in 0 1; do
-      CCFUSE_GEMM_NARROW_TMA=$narrow timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
-        --json "$OUT/gemm_narrow.jsonl" < /dev/null >> "$OUT/gemm_narrow.log" 2>&1 || status=1
-    done
-  done
-  python3 tools/summarize_gemm.py --table "$OUT/gemm_narrow.jsonl" 2>&1 | tee "$OUT/gemm_narrow_summary.log"
-  summary+=("gemm narrow tma-store: gemm_narrow_summary.log")
+if [[ " $what " == *" gemm_streamk "* ]]; then
+  # A/B of stream-K (docs/perf-notes.md; run "gemm" first in the same call): every sweep shape
+  # whose config is stream-K, again with whole tiles (CCFUSE_GEMM_STREAM_K=0, same 128x128
+  # TMA-store tile), against cuBLASLt in the same bench.
+  : > "$OUT/gemm_streamk_off.jsonl"; : > "$OUT/gemm_streamk_off.log"
+  python3 -c "
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    if 'stream_k' in (r.get('config') or '') and 'sms=132' in r['config']:
+        print(r['m'], r['n'], r['k'])" "$OUT/gemm.jsonl" | sort -u > "$OUT/gemm_streamk_shapes.txt"
+  while read -r m n k; do
+    CCFUSE_GEMM_STREAM_K=0 timeout 60 $BIN/ccfuse bench --op gemm --m $m --n $n --k $k --dtype bf16 --iters 10 \
+      --json "$OUT/gemm_streamk_off.jsonl" < /dev/null >> "$OUT/gemm_streamk_off.log" 2>&1 || status=1
+  done < "$OUT/gemm_streamk_shapes.txt"
+  python3 - "$OUT/gemm.jsonl" "$OUT/gemm_streamk_off.jsonl" <<'PY' | tee "$OUT/gemm_streamk_summary.log"
+import json, math, sys
+on = {(r["m"], r["n"], r["k"]): r for r in map(json.loads, open(sys.argv[1])) if "stream_k" in (r.get("config") or "")}
+off = {(r["m"], r["n"], r["k"]): r for r in map(json.loads, open(sys.argv[2]))}
+print("%-18s %12s %12s   (%% of cuBLASLt; whole tiles -> stream-K)" % ("m x n x k", "whole", "stream-K"))
+ratios = []
+for key in sorted(on):
+    if key in off:
+        a, b = off[key]["pct_of_cublas"], on[key]["pct_of_cublas"]
+        ratios.append(b / a)
+        print("%-18s %11.1f%% %11.1f%%" % ("%dx%dx%d" % key, a, b))
+if ratios:
+    print("stream-K / whole tiles: geomean %.3f over %d shapes" % (math.exp(sum(map(math.log, ratios)) / len(ratios)), len(ratios)))
+PY
+  summary+=("gemm stream-K A/B: $(tail -n 1 "$OUT/gemm_streamk_summary.log")")
 fi
 if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where

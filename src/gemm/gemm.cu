@@ -20,17 +20,6 @@ __global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int
 }
 
 
-// C = bf16/fp16(sum of the split_k fp32 slices of ws [splits][m][n]).
-template <class E>
-__global__ void split_reduce_kernel(const float* ws, int splits, int64_t m, int64_t n, E* c, int64_t ldc) {
-  const int64_t total = m * n;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < splits; ++s) acc += ws[s * total + i];
-    c[(i / n) * ldc + i % n] = E(acc);
-  }
-}
-
 int64_t lda_of(const GemmDesc& d) { return d.lda ? d.lda : d.k; }
 int64_t ldb_of(const GemmDesc& d) { return d.ldb ? d.ldb : (d.b_layout == BLayout::kKN ? d.n : d.k); }
 int64_t ldc_of(const GemmDesc& d) { return d.ldc ? d.ldc : d.n; }
@@ -42,9 +31,9 @@ struct TileShape {
 constexpr TileShape kTileShapes[] = {{128, 256, 64, 4}, {128, 128, 64, 6}};
 // With the TMA-store epilogue (its 64 KiB staging buffer leaves room for 3 stages).
 constexpr TileShape kTmaStoreShape = {128, 256, 64, 3};
-// The narrow TMA-store tile (written 2026-11-30, not yet run on a GPU): for problems with fewer
-// 128x256 tiles than SMs, twice the tiles, each without the register epilogue's ~5.7 us.
-// 5 stages: 5 x 32 KiB of A/B + 32 KiB of C staging.
+// The narrow TMA-store tile: twice the tiles of 128x256 where those fill the SMs badly, each
+// without the register epilogue's ~5.7 us (measured 2026-11-30: +5-12 points of cuBLASLt on the
+// shapes with >= 2 waves of tiles). 5 stages: 5 x 32 KiB of A/B + 32 KiB of C staging.
 constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
 
 template <class Traits>
@@ -85,31 +74,35 @@ void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
   else launch_grouped<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, rows, ws, overflow, s);
 }
 
-template <class Traits>
-void launch_split(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, float* ws,
-                  cudaStream_t stream) {
-  sm90::SplitKSchedule sched;
-  sched.base = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
-                                    cfg.order == TileOrder::kColumnMajor);
-  sched.splits = cfg.split_k;
-  sched.k_tiles = int(ceil_div(d.k, cfg.block_k));
-  sm90::SplitKEpilogue epi;
-  epi.ws = ws;
-  epi.ld = d.n;
-  epi.split_stride = d.m * d.n;
-  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
-  sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, epi, sms, stream);
-  using E = typename Traits::Element;
-  const int blocks = int(std::min<int64_t>(ceil_div(d.m * d.n, 256), 8 * int64_t(sms)));
-  split_reduce_kernel<E><<<blocks, 256, 0, stream>>>(ws, cfg.split_k, d.m, d.n, static_cast<E*>(c), ldc_of(d));
-  CCFUSE_CUDA_CHECK_LAUNCH();
+// Split-K or stream-K (KPartSchedule): tiles cut along K, summed inside the kernel through the
+// workspace [partials | counters] (kpart_schedule below).
+sm90::KPartSchedule kpart_schedule(const GemmDesc& d, const GemmConfig& cfg, int sms) {
+  const auto base = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
+                                         cfg.order == TileOrder::kColumnMajor);
+  const int k_tiles = int(ceil_div(d.k, cfg.block_k));
+  return cfg.stream_k ? sm90::stream_k_schedule(base, k_tiles, sms) : sm90::split_k_schedule(base, k_tiles, cfg.split_k);
+}
+size_t kpart_partial_bytes(const sm90::KPartSchedule& s, const GemmConfig& cfg) {
+  return size_t(s.fixup_slots()) * size_t(cfg.block_m) * size_t(cfg.block_n) * sizeof(float);
 }
 
-template <class E, int BM, int BN, int BK, int S>
-void launch_split_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, float* ws,
-                         cudaStream_t s) {
-  if (d.b_layout == BLayout::kNK) launch_split<sm90::Traits<E, BM, BN, BK, S, true>>(d, cfg, a, b, c, ws, s);
-  else launch_split<sm90::Traits<E, BM, BN, BK, S, false>>(d, cfg, a, b, c, ws, s);
+template <class Traits>
+void launch_kparts(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* ws,
+                   cudaStream_t stream) {
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
+  sm90::KPartSchedule sched = kpart_schedule(d, cfg, sms);
+  sched.partials = static_cast<float*>(ws);
+  sched.counters = reinterpret_cast<int*>(static_cast<char*>(ws) + kpart_partial_bytes(sched, cfg));
+  // Stream-K's unit -> CTA map assumes exactly sched.sk.ctas CTAs.
+  sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{},
+                            cfg.stream_k ? sched.sk.ctas : sms, stream);
+}
+
+template <class E, int BM, int BN, int BK, int S, bool kTma = false>
+void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* ws,
+                          cudaStream_t s) {
+  if (d.b_layout == BLayout::kNK) launch_kparts<sm90::Traits<E, BM, BN, BK, S, true, 1, kTma>>(d, cfg, a, b, c, ws, s);
+  else launch_kparts<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, ws, s);
 }
 
 template <class E, int BM, int BN, int BK, int S, bool kTma = false>
@@ -125,11 +118,12 @@ void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, cons
 }
 
 template <class E>
-void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, float* ws,
+void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* ws,
                   cudaStream_t s) {
-  if (cfg.split_k > 1) {
-    if (cfg.block_n == 256) launch_split_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
-    else launch_split_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
+  if (cfg.split_k > 1 || cfg.stream_k) {
+    if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
+    else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
+    else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
   } else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
   else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
@@ -187,57 +181,75 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   const int64_t k_blocks = ceil_div(d.k, cfg.block_k);
   CCFUSE_ARG_CHECK(cfg.split_k >= 1 && cfg.split_k <= 16 && cfg.split_k <= k_blocks, "split_k ", cfg.split_k,
                    " must be in [1, min(16, k / block_k = ", k_blocks, ")]");
-  CCFUSE_ARG_CHECK(cfg.split_k == 1 || (!cfg.tma_store && cfg.cluster_m == 1),
-                   "split_k > 1 is built without tma_store and with cluster_m 1");
+  CCFUSE_ARG_CHECK(!(cfg.split_k > 1 && cfg.stream_k), "split_k ", cfg.split_k, " and stream_k exclude each other");
+  const bool cut = cfg.split_k > 1 || cfg.stream_k;
+  CCFUSE_ARG_CHECK(!cut || cfg.cluster_m == 1, cfg.stream_k ? "stream_k" : "split_k > 1", " is built with cluster_m 1, not ",
+                   cfg.cluster_m);
+  CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || cfg.block_n == 128, cfg.stream_k ? "stream_k" : "split_k > 1",
+                   " with tma_store is built for the 128x128x64/5 tile");
 }
 
-GemmConfig choose_config(const GemmDesc& d, int num_sms) {
-  // Wave quantisation model: a persistent grid of `sms` CTAs runs ceil(tiles / sms) waves; the
-  // last one may be partly empty. Per FLOP, 128x256 tiles with the TMA-store epilogue run ~12 %
-  // faster than 128x128 tiles (more reuse per byte of shared memory, and the epilogue overlapped
-  // with the next tile: 2026-11-29 gemm_tma run, docs/perf-notes.md), so prefer them unless their
-  // waves waste more than that. Without TMA stores (ldc not 16-byte aligned) the register
-  // epilogue's 128x256 tile is ~8 % ahead of 128x128.
+namespace {
+GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
+  // Time model in k-blocks of a 128x128 tile at full speed, per CTA of a persistent grid of
+  // `sms` CTAs (docs/gemm.md, "choosing a config"):
+  //   whole tiles   ceil(tiles / sms) waves x k_tiles x (block_n / 128) / efficiency
+  //   stream-K      (whole-tile waves x k_tiles + ceil(cut iterations / CTAs) + fixup) / efficiency
+  // Efficiencies measured against each other (docs/perf-notes.md): with the TMA-store epilogue
+  // 128x256 1.0 and 128x128 0.96 (2026-11-30: 93-97 % of cuBLASLt where its tiles fill the SMs);
+  // with the register epilogue (ldc not 16-byte aligned) 128x128 at 0.92 of 128x256. A cut tile's fixup (its partials through L2, the last
+  // part's sum) is priced at 4 k-blocks, and stream-K must win by 5 % over whole tiles to be
+  // chosen: its gain is certain only where the SMs sit idle (few tiles, long K).
   const int sms = num_sms > 0 ? num_sms : current_device_sms();
-  const bool tma_ok = ldc_of(d) % (16 / dtype_size(d.dtype)) == 0;
-  // (The narrow TMA-store tile, kTmaStoreNarrowShape, is built but not chosen here until it is
-  // measured: the bench's CCFUSE_GEMM_NARROW_TMA=1 swaps it in where this picks 128x128.)
+  // Grouped GEMMs store from registers (a tile's rows may cross groups) and have no stream-K;
+  // their rule is the one they were measured with (128x128 at 0.88 of 128x256).
+  const bool tma_ok = !grouped && ldc_of(d) % (16 / dtype_size(d.dtype)) == 0;
+  const int64_t k_tiles = ceil_div(d.k, 64);
+  struct Option {
+    TileShape t;
+    bool tma, stream;
+    double time;
+  };
+  auto waves = [&](int64_t tiles) { return double(ceil_div(tiles, int64_t(sms))); };
+  auto tiles_of = [&](const TileShape& t) { return ceil_div(d.m, t.block_m) * ceil_div(d.n, t.block_n); };
   const TileShape wide = tma_ok ? kTmaStoreShape : kTileShapes[0];
-  const TileShape candidates[] = {wide, kTileShapes[1]};
-  GemmConfig best;
-  double best_score = -1;
-  for (const auto& t : candidates) {
-    const double tiles = double(ceil_div(d.m, t.block_m) * ceil_div(d.n, t.block_n));
-    const double waves = std::ceil(tiles / sms);
-    const double fill = tiles / (waves * sms);
-    const double tile_eff = t.block_n == 256 ? 1.0 : (tma_ok ? 0.88 : 0.92);
-    const double score = fill * tile_eff;
-    if (score > best_score + 1e-9) {
-      best_score = score;
-      best.block_m = t.block_m;
-      best.block_n = t.block_n;
-      best.block_k = t.block_k;
-      best.stages = t.stages;
-      best.tma_store = tma_ok && t.block_n == 256;
-    }
+  const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
+  // Relative to the wide tile of the same epilogue (what each rule was measured with).
+  const double eff_wide = 1.0, eff_narrow = tma_ok ? 0.96 : (grouped ? 0.88 : 0.92);
+  Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
+  const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
+  if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
+  if (tma_ok && k_tiles >= 4) {
+    const StreamKPlan sk = make_stream_k_plan(tiles_of(narrow), int(k_tiles), sms);
+    constexpr double kFixup = 4.0;
+    const double iters = double(sk.dp_tiles / sms) * double(k_tiles) +
+                         double(ceil_div(sk.iters(), int64_t(sk.ctas))) + kFixup;
+    const Option stream{narrow, true, true, iters / eff_narrow};
+    if (stream.time < 0.95 * best.time) best = stream;
   }
-  best.num_sms = sms;
-  // CTA pairs sharing B need at least two row tiles and a budget for at least one pair.
-  best.cluster_m = ceil_div(d.m, best.block_m) >= 2 && sms >= 2 ? 2 : 1;
-  // Split-K is not chosen here: picked by a wave-fill model for the six TP shapes with the
-  // fewest tiles it made them 0-20 points slower (e.g. 1024x1536x4096: 74.8 -> 54.4 % of
-  // cuBLASLt; 2026-11-29, docs/perf-notes.md): its parts store fp32 tiles from registers and a
-  // second kernel reads them back, which costs more than the idle SMs it fills. It stays
-  // available (GemmConfig::split_k) for callers that measure it worth it.
-  return best;
+  GemmConfig c;
+  c.block_m = best.t.block_m;
+  c.block_n = best.t.block_n;
+  c.block_k = best.t.block_k;
+  c.stages = best.t.stages;
+  c.tma_store = best.tma;
+  c.stream_k = best.stream;
+  c.num_sms = sms;
+  // CTA pairs sharing B need at least two row tiles and a budget for at least one pair
+  // (stream-K's units are single tiles).
+  c.cluster_m = !c.stream_k && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  return c;
 }
+}  // namespace
+
+GemmConfig choose_config(const GemmDesc& d, int num_sms) { return choose_plain(d, num_sms, false); }
 
 std::string to_string(const GemmConfig& c) {
   std::ostringstream os;
   os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
      << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m
      << " cluster=" << c.cluster_m << (c.tma_store ? " epilogue=tma_store" : "")
-     << (c.split_k > 1 ? " split_k=" + std::to_string(c.split_k) : std::string());
+     << (c.split_k > 1 ? " split_k=" + std::to_string(c.split_k) : std::string()) << (c.stream_k ? " stream_k" : "");
   return os.str();
 }
 
@@ -253,11 +265,14 @@ void tile_coord(const GemmDesc& d, const GemmConfig& c, int64_t idx, int64_t* m_
 }
 
 size_t workspace_bytes(const GemmDesc& d, const GemmConfig& cfg) {
-  return cfg.split_k > 1 ? size_t(cfg.split_k) * size_t(d.m * d.n) * sizeof(float) : 0;
+  if (cfg.split_k <= 1 && !cfg.stream_k) return 0;
+  const sm90::KPartSchedule s = kpart_schedule(d, cfg, cfg.num_sms > 0 ? cfg.num_sms : current_device_sms());
+  return kpart_partial_bytes(s, cfg) + size_t(s.fixup_tiles()) * sizeof(int);
 }
 
 namespace {
-// The per-device split-K workspace of run() without one (grown, never shrunk; freed at exit).
+// The per-device split-K / stream-K workspace of run() without one (grown, never shrunk; freed
+// at exit), zeroed when allocated: the tiles' counters start at zero and every call leaves them so.
 void* cached_workspace(size_t bytes) {
   static std::mutex mu;
   static std::vector<std::pair<void*, size_t>> per_device;
@@ -270,6 +285,7 @@ void* cached_workspace(size_t bytes) {
     if (slot.first != nullptr) CCFUSE_CUDA_CHECK(cudaFree(slot.first));
     slot = {nullptr, 0};
     CCFUSE_CUDA_CHECK(cudaMalloc(&slot.first, bytes));
+    CCFUSE_CUDA_CHECK(cudaMemset(slot.first, 0, bytes));
     slot.second = bytes;
   }
   return slot.first;
@@ -281,13 +297,22 @@ void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b,
   validate(d, cfg);
   for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
-  float* ws = nullptr;
-  if (cfg.split_k > 1) {
+  auto s = static_cast<cudaStream_t>(stream);
+  void* ws = nullptr;
+  if (cfg.split_k > 1 || cfg.stream_k) {
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "workspace (", workspace,
                      ") must be 16-byte aligned");
-    ws = static_cast<float*>(workspace != nullptr ? workspace : cached_workspace(workspace_bytes(d, cfg)));
+    if (workspace != nullptr) {
+      // A caller's workspace may hold anything: its counters are zeroed on the stream first.
+      const sm90::KPartSchedule k = kpart_schedule(d, cfg, cfg.num_sms > 0 ? cfg.num_sms : current_device_sms());
+      const size_t counters = kpart_partial_bytes(k, cfg);
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + counters, 0,
+                                        size_t(k.fixup_tiles()) * sizeof(int), s));
+      ws = workspace;
+    } else {
+      ws = cached_workspace(workspace_bytes(d, cfg));
+    }
   }
-  auto s = static_cast<cudaStream_t>(stream);
   if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, ws, s);
   else launch_dtype<cutlass::half_t>(d, cfg, a, b, c, ws, s);
 }
@@ -301,19 +326,14 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(!cfg.tma_store, "tma_store is not supported by the grouped GEMM (a tile's rows may cross groups)");
   CCFUSE_ARG_CHECK(cfg.split_k == 1, "split_k ", cfg.split_k, " is not supported by the grouped GEMM (1 only)");
+  CCFUSE_ARG_CHECK(!cfg.stream_k, "stream_k is not supported by the grouped GEMM");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
   validate(as_plain(d), cfg);
 }
 
 GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms) {
-  GemmConfig c = choose_config(as_plain(d), num_sms);
+  GemmConfig c = choose_plain(as_plain(d), num_sms, true);
   c.cluster_m = 1;  // CTA pairs would straddle group boundaries
-  c.split_k = 1;    // the grouped GEMM has no split-K
-  if (c.tma_store) {  // a tile's rows may cross groups: stores from registers, clipped per group
-    const TileShape& t = kTileShapes[0];
-    c.stages = t.stages;
-    c.tma_store = false;
-  }
   return c;
 }
 

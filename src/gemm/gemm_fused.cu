@@ -52,6 +52,7 @@ void run_fused(const GemmDesc& d, const GemmConfig& cfg, const EpilogueDesc& e, 
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "fused epilogues are built for cluster_m 1, not ", cfg.cluster_m);
   CCFUSE_ARG_CHECK(!cfg.tma_store, "fused epilogues store from registers: tma_store must be off");
   CCFUSE_ARG_CHECK(cfg.split_k == 1, "fused epilogues need whole tiles: split_k must be 1, not ", cfg.split_k);
+  CCFUSE_ARG_CHECK(!cfg.stream_k, "fused epilogues need whole tiles: stream_k must be off");
   GemmDesc check = d;
   if (e.op == EpilogueOp::kSiluMul) {
     CCFUSE_ARG_CHECK(d.n % cfg.block_n == 0, "SwiGLU needs n (2 * ffn) ", d.n, " to be a multiple of block_n ",

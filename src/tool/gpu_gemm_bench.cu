@@ -204,13 +204,12 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.stages = 3;
     cfg.tma_store = true;
     cfg.split_k = 1;
+    cfg.stream_k = false;
   }
-  // EXPERIMENT (written 2026-11-30, not yet run): CCFUSE_GEMM_NARROW_TMA=1 gives the 128x128
-  // tiles that choose_config picks (few-tile shapes) the TMA-store epilogue (128x128x64, 5 stages).
-  if (const char* v = std::getenv("CCFUSE_GEMM_NARROW_TMA"); v != nullptr && std::string(v) == "1" &&
-      cfg.block_n == 128 && cfg.split_k == 1 && desc.n % 8 == 0) {
-    cfg.stages = 5;
-    cfg.tma_store = true;
+  // A/B (docs/perf-notes.md): CCFUSE_GEMM_STREAM_K=0 runs the whole-tile schedule where
+  // choose_config picks stream-K (same 128x128 TMA-store tile, one tile per unit).
+  if (const char* v = std::getenv("CCFUSE_GEMM_STREAM_K"); v != nullptr && std::string(v) == "0" && cfg.stream_k) {
+    cfg.stream_k = false;
   }
   gemm::validate(desc, cfg);
   return cfg;

@@ -29,12 +29,14 @@ struct Case {
   int cluster = 0;  // 1 or 2; 0 = choose_config's
   bool tma_store = false;  // the TMA-store epilogue (128x256x64/3, or 128x128x64/5 with block_n 128)
   int split_k = 0;         // > 0: forced split-K parts; 0 = choose_config's
+  bool stream_k = false;   // forced stream-K (choose_config's pick when block_n is 0)
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
                          c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster,
-                         c.tma_store ? "_tma" : "", c.split_k ? detail::str_cat("_split", c.split_k) : "");
+                         c.tma_store ? "_tma" : "", c.split_k ? detail::str_cat("_split", c.split_k) : "",
+                         c.stream_k ? "_streamk" : "");
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -118,15 +120,21 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   if (c.cluster) {
     cfg.cluster_m = c.cluster;
     cfg.split_k = 1;
+    cfg.stream_k = false;
   }
-  if (c.split_k) {
-    cfg.split_k = c.split_k;
+  const bool cut = c.split_k > 0 || c.stream_k;
+  if (cut) {
+    cfg.split_k = c.split_k > 0 ? c.split_k : 1;
+    cfg.stream_k = c.stream_k;
     cfg.cluster_m = 1;
     cfg.tma_store = false;
-    if (cfg.block_n == 256) cfg.stages = 4;
+    cfg.stages = cfg.block_n == 256 ? 4 : 6;
   }
   if (c.tma_store) {
-    cfg.split_k = 1;
+    if (!cut) {
+      cfg.split_k = 1;
+      cfg.stream_k = false;
+    }
     cfg.block_n = c.block_n == 128 ? 128 : 256;  // 128: the narrow TMA-store tile (5 stages)
     cfg.stages = cfg.block_n == 128 ? 5 : 3;
     cfg.tma_store = true;
@@ -188,11 +196,78 @@ std::vector<Case> cases() {
   out.push_back({777, 1030, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 0, false, 2});
   out.push_back({256, 512, 1024, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, false, 16});
   out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
+  // Split-K with the narrow TMA-store tile (the last part stores through TMA).
+  out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 3});
+  // Stream-K (tiles cut over the CTAs, summed in the kernel): partial tiles with ~3 parts each, M
+  // < 64 with fewer iterations than SMs, K = 8 * 3 (one k-block: every part a whole tile), both
+  // layouts and dtypes, the register epilogue with an odd ldc and an odd SM budget, the wide
+  // tile in column order, whole tiles before the cut ones (100 SMs, 960 tiles), and
+  // choose_config's picks for the sweep's few-tile shapes.
+  out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 0, true});
+  out.push_back({1000, 776, 1032, DType::kFloat16, BLayout::kKN, 128, 0, false, 0, true, 0, true});
+  out.push_back({48, 200, 520, DType::kFloat16, BLayout::kKN, 128, 0, false, 0, true, 0, true});
+  out.push_back({48, 200, 24, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 0, true});
+  out.push_back({777, 1030, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 0, false, 0, true});
+  out.push_back({1000, 520, 776, DType::kBFloat16, BLayout::kKN, 256, 0, true, 0, false, 0, true});
+  out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kKN, 128, 100, false, 0, true, 0, true});
+  out.push_back({4096, 1280, 8192, DType::kBFloat16, BLayout::kNK, 0, 0, false});
+  out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kKN, 0, 0, false});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmCorrectness, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return name_of(i.param); });
+
+// Stream-K's tile counters must be back at zero after every call: back-to-back calls on the
+// library's workspace, a caller's workspace full of garbage (zeroed by run() on the stream), and
+// CUDA-graph replays, each checked on a poisoned C.
+TEST(GemmStreamK, RepeatedCallsCallerWorkspaceAndGraphReplays) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const GemmDesc d = make_desc(1000, 776, 1032, DType::kBFloat16, BLayout::kNK);
+  GemmConfig cfg = choose_config(d, 0);
+  cfg.block_n = 128;
+  cfg.stages = 5;
+  cfg.tma_store = true;
+  cfg.stream_k = true;
+  cfg.cluster_m = 1;
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
+  Problem prob(d, seed);
+  const size_t c_bytes = size_t(d.m * d.n) * 2;
+  cudaStream_t s = nullptr;
+  CCFUSE_CUDA_CHECK(cudaStreamCreate(&s));
+  auto check = [&](const char* what) {
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
+    const double err = prob.rel_err();
+    EXPECT_LE(err, 1e-2) << what;
+    EXPECT_GT(err, 0.0) << what;
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(prob.c, 0xff, c_bytes, s));  // poison for the next one
+  };
+  for (int i = 0; i < 3; ++i) {
+    run(d, cfg, prob.a, prob.b, prob.c, s);
+    check("library workspace, back to back");
+  }
+  void* ws = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&ws, workspace_bytes(d, cfg)));
+  CCFUSE_CUDA_CHECK(cudaMemset(ws, 0x5a, workspace_bytes(d, cfg)));
+  run(d, cfg, prob.a, prob.b, prob.c, s, ws);
+  check("caller's workspace");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CCFUSE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  run(d, cfg, prob.a, prob.b, prob.c, s);  // the library's workspace exists since the calls above
+  CCFUSE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) {
+    CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    check("graph replay");
+  }
+  CCFUSE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CCFUSE_CUDA_CHECK(cudaGraphDestroy(graph));
+  CCFUSE_CUDA_CHECK(cudaFree(ws));
+  CCFUSE_CUDA_CHECK(cudaStreamDestroy(s));
+}
 
 TEST(GemmValidation, RejectsWhatTmaCannotTake) {
   GemmDesc d;
@@ -237,9 +312,22 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   const GemmConfig odd = choose_config(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), 132);
   EXPECT_FALSE(odd.tma_store);  // n % 8 != 0: registers
   EXPECT_NO_THROW(validate(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), odd));
-  // Few tiles, long K: split-K measured slower (docs/perf-notes.md), so not chosen.
+  // Few tiles, long K: stream-K over the narrow TMA-store tile (split-K measured slower).
   const GemmConfig few = choose_config(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
   EXPECT_EQ(few.split_k, 1);
+  EXPECT_TRUE(few.stream_k);
+  EXPECT_TRUE(few.tma_store);
+  EXPECT_EQ(few.block_n, 128);
+  EXPECT_EQ(few.stages, 5);
+  EXPECT_EQ(few.cluster_m, 1);
+  EXPECT_NO_THROW(validate(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), few));
+  // Enough 128x128 tiles for ~3 waves: whole narrow TMA-store tiles, no stream-K.
+  const GemmConfig narrow = choose_config(make_desc(8192, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
+  EXPECT_FALSE(narrow.stream_k);
+  EXPECT_TRUE(narrow.tma_store);
+  EXPECT_EQ(narrow.block_n, 128);
+  // Many tiles: the wide tile stays.
+  EXPECT_FALSE(wide.stream_k);
   GroupedGemmDesc g;
   g.num_groups = 8;
   g.max_rows = 8192;
@@ -248,6 +336,15 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   const GemmConfig grouped = choose_config(g, 132);
   EXPECT_FALSE(grouped.tma_store);
   EXPECT_EQ(grouped.split_k, 1);
+  EXPECT_FALSE(grouped.stream_k);
+  // A grouped problem whose plain twin takes the narrow TMA-store tile gets its register stages.
+  GroupedGemmDesc g2 = g;
+  g2.max_rows = 8192;
+  g2.n = 768;
+  const GemmConfig grouped_narrow = choose_config(g2, 132);
+  EXPECT_FALSE(grouped_narrow.tma_store);
+  EXPECT_FALSE(grouped_narrow.stream_k);
+  EXPECT_NO_THROW(validate(g2, grouped_narrow));
   EXPECT_EQ(grouped.cluster_m, 1);
   EXPECT_NO_THROW(validate(g, grouped));
 }
@@ -268,11 +365,36 @@ TEST(GemmValidation, SplitKRules) {
     validate(d, cfg);
     ADD_FAILURE() << "split_k with clusters accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "split_k > 1 is built without tma_store and with cluster_m 1");
+    EXPECT_STREQ(e.what(), "split_k > 1 is built with cluster_m 1, not 2");
   }
   cfg.cluster_m = 1;
   EXPECT_NO_THROW(validate(d, cfg));
-  EXPECT_EQ(workspace_bytes(d, cfg), size_t(2) * 1024 * 768 * 4);
+  cfg.num_sms = 132;
+  // Partials: one 128x256 fp32 slot per part (8 x 3 tiles x 2 parts); one counter per tile.
+  EXPECT_EQ(workspace_bytes(d, cfg), size_t(24) * 2 * 128 * 256 * 4 + 24 * 4);
+  cfg.stream_k = true;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "split_k with stream_k accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "split_k 2 and stream_k exclude each other");
+  }
+  cfg.split_k = 1;
+  cfg.tma_store = true;
+  cfg.stages = 3;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "stream_k with the wide TMA-store tile accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "stream_k with tma_store is built for the 128x128x64/5 tile");
+  }
+  cfg.block_n = 128;
+  cfg.stages = 5;
+  EXPECT_NO_THROW(validate(d, cfg));
+  // 8 x 6 = 48 tiles of 4 k-blocks on 132 SMs: 132 CTAs, 192 iterations, 2 units each at most.
+  EXPECT_EQ(workspace_bytes(d, cfg), size_t(132) * 2 * 128 * 128 * 4 + 48 * 4);
+  cfg = GemmConfig{};
+  cfg.split_k = 2;
   GroupedGemmDesc g;
   g.num_groups = 2;
   g.max_rows = 256;

@@ -69,12 +69,17 @@ struct GemmConfig {
   // Epilogue through shared memory and TMA stores, overlapped with the next tile (plain GEMM,
   // 128x256x64 with 3 stages, ldc a multiple of 8). Opt-in until measured (docs/perf-notes.md).
   bool tma_store = false;
-  // Split-K (plain problems, register epilogue, cluster 1): each tile's K is cut into split_k
-  // parts run by different CTAs, their fp32 partials summed by a second kernel. Opt-in:
-  // measured slower than no split on every TP shape tried (docs/perf-notes.md), so choose_config
-  // never picks it. Needs workspace_bytes() of device memory: run() takes it from a per-device
-  // cache unless one is passed.
+  // Split-K (plain problems, cluster 1): each tile's K is cut into split_k equal parts run by
+  // different CTAs; the last part of a tile to finish adds the others' fp32 partials (through a
+  // workspace, inside the kernel) and stores the tile. Opt-in: choose_config picks stream-K.
   int split_k = 1;
+  // Stream-K (plain problems, cluster 1): whole tiles for all full waves but the last, and the
+  // k-blocks of the remaining tiles cut evenly over the CTAs, each tile's parts summed as in
+  // split-K. choose_config picks it where the tiles fill the SMs badly (few tiles, long K).
+  // split_k and stream_k need workspace_bytes() of device memory: run() takes a per-device one
+  // unless one is passed (one GEMM at a time per device then: concurrent calls on several streams
+  // must pass their own).
+  bool stream_k = false;
 };
 
 // Throws InvalidArgument naming the argument and the rule: positive sizes; dtype bf16 or fp16;
@@ -91,9 +96,10 @@ GemmConfig choose_config(const GemmDesc& desc, int num_sms);
 // "block=128x256x64 stages=4 sms=132 order=row group_m=8"
 std::string to_string(const GemmConfig& config);
 
-// Runs C = A @ B on `stream`. Pointers must be 16-byte aligned (checked). With split_k > 1 the
-// fp32 partials need workspace_bytes(desc, config) bytes: `workspace` (16-byte aligned device
-// memory), or, when it is null, a per-device buffer the library grows on first use (a cudaMalloc
+// Runs C = A @ B on `stream`. Pointers must be 16-byte aligned (checked). With split_k > 1 or
+// stream_k the fp32 partials and the tiles' counters need workspace_bytes(desc, config) bytes:
+// `workspace` (16-byte aligned device memory; its counters are zeroed on the stream before the
+// kernel), or, when it is null, a per-device buffer the library grows on first use (a cudaMalloc
 // then: make one call before capturing a CUDA graph, or pass a workspace).
 void run(const GemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c, void* stream,
          void* workspace = nullptr);

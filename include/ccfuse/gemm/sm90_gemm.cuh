@@ -96,6 +96,7 @@ struct Traits {
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
     uint32_t tiles_handed;  // kHasSendWarps: tiles stored by the consumers so far
+    int fixup_last;         // kHasFixup: is this part its tile's last (fixup_sum)
     uint64_t trace_t[3];    // tile traces: start, mma_done, addends_ready of the current tile
                             // (kept here, not in registers the mainloop needs)
   };
@@ -186,27 +187,78 @@ struct GroupedSchedule {
 };
 
 
-// Split-K over a plain problem (few tiles, long K): tile i's `splits` parts are units
-// i * splits + s (adjacent, so they run at once on neighbouring CTAs), part s accumulating
-// k-blocks [s * k_tiles / splits, (s + 1) * k_tiles / splits) into fp32 workspace slice s
-// (SplitKEpilogue); a reduction kernel sums the slices into C.
-struct SplitKSchedule {
+// Tiles whose K is cut into parts run by different CTAs, the parts summed inside the kernel
+// (kHasFixup; fixup_sum below): the last part of a tile to finish adds the others' fp32 partials
+// from the workspace to its accumulators and stores the tile; no second kernel.
+//   split-K  (stream = false): every tile in `splits` equal parts, units tile * splits + s
+//            (adjacent, so they run at once on neighbouring CTAs).
+//   stream-K (stream = true): StreamKPlan (tile_order.h); the launch must use exactly sk.ctas
+//            CTAs.
+// Workspace: `partials`, one slot of BLOCK_M x BLOCK_N floats per unit that may hold a part
+// (fixup_slots()), and `counters`, one int per cut tile (fixup_tiles()), zero before the first
+// call; each tile's last part puts its counter back to zero.
+struct KPartSchedule {
   PlainSchedule base;
-  int splits = 1, k_tiles = 1;  // splits <= k_tiles: no part is empty
+  bool stream = false;
+  int splits = 1;  // split-K: parts per tile, <= k_tiles (no part empty)
+  int k_tiles = 1;
+  StreamKPlan sk;
+  float* partials = nullptr;
+  int* counters = nullptr;
   static constexpr bool kHasReady = false;
   static constexpr bool kHasSide = false;
-  CCFUSE_HD int64_t num_tiles() const { return base.num_tiles() * splits; }
+  static constexpr bool kHasFixup = true;
+  static constexpr bool kTmaStoreOk = true;  // tiles are clipped at M only
+  CCFUSE_HD int64_t num_tiles() const { return stream ? sk.units() : base.num_tiles() * splits; }
   int64_t max_tiles() const { return num_tiles(); }
+  CCFUSE_HD int64_t fixup_tiles() const { return stream ? sk.sk_tiles : base.num_tiles(); }
+  CCFUSE_HD int64_t fixup_slots() const { return stream ? sk.slots() : base.num_tiles() * splits; }
+  // Unit idx; an empty one has kb_begin == kb_end (every thread skips it).
   CCFUSE_HD TileWork work(int64_t idx) const {
-    const int s = int(idx % splits);
-    TileWork w = base.work(idx / splits);
-    w.kb_begin = int(int64_t(s) * k_tiles / splits);
-    w.kb_end = int(int64_t(s + 1) * k_tiles / splits);
-    w.split = s;
+    if (!stream) {
+      const int s = int(idx % splits);
+      TileWork w = base.work(idx / splits);
+      w.kb_begin = int(int64_t(s) * k_tiles / splits);
+      w.kb_end = int(int64_t(s + 1) * k_tiles / splits);
+      w.split = s;
+      w.fixup_tile = idx / splits;
+      return w;
+    }
+    if (idx < sk.dp_tiles) return base.work(idx);
+    const KPart kp = sk.part_of(idx - sk.dp_tiles);
+    if (kp.tile < 0) {
+      TileWork empty{0, 0, 0, 0, 0};
+      empty.kb_end = 0;
+      return empty;
+    }
+    TileWork w = base.work(sk.dp_tiles + kp.tile);
+    w.kb_begin = kp.kb_begin;
+    w.kb_end = kp.kb_end;
+    w.split = kp.part;
+    w.fixup_tile = kp.tile;
     return w;
   }
+  // Parts of cut tile t, and the workspace slot of its part i (i in [0, parts)).
+  CCFUSE_HD int fixup_parts(int64_t t) const { return stream ? sk.parts(t) : splits; }
+  CCFUSE_HD int64_t fixup_slot(int64_t t, int i) const { return stream ? sk.slot(t, i) : t * splits + i; }
   __device__ bool wait_ready(const TileWork&) { return true; }
 };
+
+inline KPartSchedule stream_k_schedule(const PlainSchedule& base, int k_tiles, int sms) {
+  KPartSchedule s;
+  s.base = base;
+  s.stream = true;
+  s.k_tiles = k_tiles;
+  s.sk = make_stream_k_plan(base.num_tiles(), k_tiles, sms);
+  return s;
+}
+inline KPartSchedule split_k_schedule(const PlainSchedule& base, int k_tiles, int splits) {
+  KPartSchedule s;
+  s.base = base;
+  s.k_tiles = k_tiles;
+  s.splits = splits;
+  return s;
+}
 
 // One thread: GroupedSchedule's prefix sums of rows and tiles per group from per-group row counts
 // (device memory; row_prefix may be null); rows past `max_rows` are dropped (and counted in *overflow, when not null) so
@@ -286,15 +338,6 @@ struct PlainEpilogue {
   }
   __device__ float row_scale(int64_t) const { return 1.f; }
   __device__ void notify(const TileWork&) const {}
-};
-
-// Split-K parts: fp32 partial tiles into slice `split` of a workspace [splits][M][ld] (ld = N),
-// unrounded (store_tile_f32); C is written by the reduction that follows.
-struct SplitKEpilogue : PlainEpilogue {
-  static constexpr bool kTmaStoreOk = false;
-  static constexpr bool kStoreF32 = true;
-  float* ws = nullptr;
-  int64_t ld = 0, split_stride = 0;  // split_stride = M * ld
 };
 
 // Activation and optional per-row scale on the way to the local C.
@@ -538,41 +581,70 @@ struct HasAltA : std::false_type {};
 template <class S>
 struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kHasAltA> {};
 
-// Epilogue::kStoreF32: the tile's fp32 accumulators go to epi.ws (SplitKEpilogue). Absent = no.
-template <class E, class = void>
-struct StoresF32 : std::false_type {};
-template <class E>
-struct StoresF32<E, std::void_t<decltype(E::kStoreF32)>> : std::bool_constant<E::kStoreF32> {};
+// Schedule::kHasFixup: tiles cut along K over several CTAs (KPartSchedule). Absent = no.
+template <class S, class = void>
+struct HasFixup : std::false_type {};
+template <class S>
+struct HasFixup<S, std::void_t<decltype(S::kHasFixup)>> : std::bool_constant<S::kHasFixup> {};
 
-// Stores a consumer warpgroup's fp32 accumulators unrounded to out [M, ld] (row w.row0 of the
-// tile at out + w.row0 * ld), same fragment layout as store_tile; 8-byte pair stores.
-template <class Traits, class Accum>
-__device__ __forceinline__ void store_tile_f32(float* out, int64_t ld, int64_t m, int64_t n, const Accum& accum,
-                                               int consumer_idx, const TileWork& w) {
-  constexpr int kBN = Traits::kBlockN;
-  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
-  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
-  const int col0 = w.n_tile * kBN + 2 * (lane % 4);
-  const int64_t rows = min_i64(w.row_end, m) - w.row0;
-  const bool row_ok[2] = {row < rows, row + 8 < rows};
-  float* base = out + (w.row0 + row) * ld + col0;
-  const bool pairs = (ld & 1) == 0;
-  CUTE_UNROLL
-  for (int j = 0; j < kBN / 8; ++j) {
-    const int col = col0 + 8 * j;
+// A cut tile's part has its accumulators: returns true when it is the tile's last part to
+// finish and has added the other parts' fp32 partials (then it stores the tile), false when it
+// has left its own partial in the workspace for the last one. Every consumer thread calls it.
+// Partials are kept in fragment order, thread-major (value v of consumer thread x at
+// [v / 4][x][v % 4]): the writer and the reader share the fragment layout, so no index math, and a
+// warp's 16-byte accesses are contiguous. Ordering: a part's stores, the consumers' barrier, then
+// one thread's release increment of the tile's counter; the part that sees every other part
+// counted (acquire) reads their partials through L2 (ld.global.cg), after a barrier.
+template <class Traits, class Schedule, class Storage, class Accum>
+__device__ __forceinline__ bool fixup_sum(const Schedule& sched, Storage& ss, Accum& accum, int consumer_idx,
+                                          const TileWork& w) {
+  constexpr int kThreads = 128 * Traits::kConsumerWGs;
+  constexpr int kVals = decltype(size(accum))::value;
+  static_assert(kVals % 4 == 0, "whole float4s of accumulators per thread");
+  constexpr int64_t kSlot = int64_t(kVals) * kThreads;  // = BLOCK_M x BLOCK_N floats
+  const int parts = sched.fixup_parts(w.fixup_tile);
+  cuda::atomic_ref<int, cuda::thread_scope_device> count(sched.counters[w.fixup_tile]);
+  // Every other part already counted: this one is last without leaving its partial.
+  if (consumer_idx == 0) ss.fixup_last = count.load(cuda::memory_order_acquire) == parts - 1 ? 1 : 0;
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+  bool last = ss.fixup_last != 0;
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads));  // read by all before it is written again
+  if (!last) {
+    float4* mine = reinterpret_cast<float4*>(sched.partials + sched.fixup_slot(w.fixup_tile, w.split) * kSlot);
     CUTE_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      if (!row_ok[h]) continue;
-      float* dst = base + h * 8 * ld + 8 * j;
-      const float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
-      if (pairs && col + 1 < n) {
-        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-      } else {
-        if (col < n) dst[0] = v0;
-        if (col + 1 < n) dst[1] = v1;
+    for (int q = 0; q < kVals / 4; ++q)
+      mine[q * kThreads + consumer_idx] = make_float4(accum(4 * q), accum(4 * q + 1), accum(4 * q + 2), accum(4 * q + 3));
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads));  // every thread's partial before the count
+    if (consumer_idx == 0) {
+      __threadfence();
+      ss.fixup_last = count.fetch_add(1, cuda::memory_order_acq_rel) == parts - 1 ? 1 : 0;
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+    last = ss.fixup_last != 0;
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+    if (!last) return false;
+  }
+  constexpr int kBatch = 8;  // float4 loads in flight per thread
+  static_assert((kVals / 4) % kBatch == 0, "whole batches");
+  for (int i = 0; i < parts; ++i) {
+    if (i == w.split) continue;
+    const float4* src = reinterpret_cast<const float4*>(sched.partials + sched.fixup_slot(w.fixup_tile, i) * kSlot);
+    CUTE_UNROLL
+    for (int q0 = 0; q0 < kVals / 4; q0 += kBatch) {
+      float4 v[kBatch];
+      CUTE_UNROLL
+      for (int b = 0; b < kBatch; ++b) v[b] = __ldcg(src + (q0 + b) * kThreads + consumer_idx);
+      CUTE_UNROLL
+      for (int b = 0; b < kBatch; ++b) {
+        accum(4 * (q0 + b)) += v[b].x;
+        accum(4 * (q0 + b) + 1) += v[b].y;
+        accum(4 * (q0 + b) + 2) += v[b].z;
+        accum(4 * (q0 + b) + 3) += v[b].w;
       }
     }
   }
+  if (consumer_idx == 0) count.store(0, cuda::memory_order_relaxed);  // every part has counted: ready for the next call
+  return true;
 }
 
 // Schedule::kTmaStoreOk / Epilogue::kTmaStoreOk: may the TMA-store epilogue (Traits::kTmaStore)
@@ -773,6 +845,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint64_t* trace_t = ss.trace_t;
     for (int64_t t = unit_start; t < num_units; t += unit_stride) {
       const TileWork w = work_of(t);
+      if constexpr (HasFixup<Schedule>::value) {
+        if (w.kb_begin >= w.kb_end) continue;  // an empty stream-K unit (the producer loads nothing for it)
+      }
       if constexpr (kTrace) {
         if (epi.trace != nullptr && consumer_idx == 0) trace_t[0] = globaltimer_ns();
       }
@@ -823,9 +898,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       }
-      if constexpr (StoresF32<Epilogue>::value) {
-        store_tile_f32<Traits>(epi.ws + int64_t(w.split) * epi.split_stride, epi.ld, p.m, p.n, accum, consumer_idx, w);
-      } else if constexpr (Traits::kTmaStore) {
+      if constexpr (HasFixup<Schedule>::value) {
+        static_assert(!Epilogue::kHasSendWarps && !Epilogue::kHasNotify && !Epilogue::kHasAddends,
+                      "tiles cut along K are built for plain epilogues");
+        if (w.fixup_tile >= 0 && !fixup_sum<Traits>(sched, ss, accum, consumer_idx, w)) continue;  // not the last part
+      }
+      if constexpr (Traits::kTmaStore) {
         static_assert(tma_store_ok<Schedule>::value && tma_store_ok<Epilogue>::value,
                       "the TMA-store epilogue needs tiles clipped only at M and plain stores to the local C "
                       "(Schedule::kTmaStoreOk, Epilogue::kTmaStoreOk)");

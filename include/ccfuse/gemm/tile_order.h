@@ -21,11 +21,13 @@ struct TileWork {
   int group;
   int64_t row0;
   int64_t row_end;  // exclusive; rows past it (the next group's) are computed but never stored
-  // Split-K: the tile accumulates k-blocks [kb_begin, min(kb_end, all)) only, as part `split` of
-  // its sum (SplitKSchedule). Every other schedule leaves the defaults: all of K.
+  // Split-K / stream-K: the tile accumulates k-blocks [kb_begin, min(kb_end, all)) only, as part
+  // `split` of the sum of cut tile `fixup_tile` (KPartSchedule). Every other schedule leaves the
+  // defaults: all of K, a whole tile.
   int kb_begin = 0;
   int kb_end = 0x7fffffff;
   int split = 0;
+  int64_t fixup_tile = -1;
 };
 
 // Row-major in groups of `group_m` row tiles: inside a group, tiles go down the group's rows
@@ -43,6 +45,57 @@ CCFUSE_HD TileCoord grouped_row_major(int64_t idx, int m_tiles, int n_tiles, int
 // Column-major: all row tiles of an N-slice before the next slice.
 CCFUSE_HD TileCoord column_major(int64_t idx, int m_tiles) {
   return TileCoord{int(idx % m_tiles), int(idx / m_tiles)};
+}
+
+// Stream-K (docs/gemm.md): tiles [0, dp_tiles) run whole, one per unit; the k-blocks of the
+// other sk_tiles tiles, taken as one range of I = sk_tiles * k_tiles iterations (tile-major), are
+// cut evenly over `ctas` CTAs: CTA c runs [c I / ctas, (c + 1) I / ctas), as up to `segments`
+// units, one per tile it touches (the rest empty). Its j-th is unit dp_tiles + j * ctas + c, so
+// a persistent grid of exactly `ctas` CTAs taking units round robin gives each CTA its own.
+// Needs I >= ctas (no CTA without iterations) and dp_tiles a multiple of ctas.
+struct KPart {
+  int64_t tile;  // cut tile (index among the sk_tiles), -1: an empty unit
+  int kb_begin, kb_end;
+  int part;      // index of this part among its tile's parts, in k order
+};
+struct StreamKPlan {
+  int64_t dp_tiles = 0, sk_tiles = 0;
+  int k_tiles = 1, ctas = 1, segments = 1;
+  CCFUSE_HD int64_t iters() const { return sk_tiles * k_tiles; }
+  CCFUSE_HD int64_t begin_of(int c) const { return int64_t(c) * iters() / ctas; }
+  // The CTA whose range holds iteration i: the largest c with begin_of(c) <= i.
+  CCFUSE_HD int cta_of(int64_t i) const { return int(((i + 1) * ctas + iters() - 1) / iters()) - 1; }
+  CCFUSE_HD int64_t units() const { return dp_tiles + int64_t(ctas) * segments; }
+  CCFUSE_HD int64_t slots() const { return int64_t(ctas) * segments; }  // one per stream-K unit
+  CCFUSE_HD int parts(int64_t t) const { return cta_of((t + 1) * k_tiles - 1) - cta_of(t * k_tiles) + 1; }
+  // The slot (stream-K unit index) of part i of cut tile t.
+  CCFUSE_HD int64_t slot(int64_t t, int i) const {
+    const int c = cta_of(t * k_tiles) + i;
+    return (t - begin_of(c) / k_tiles) * ctas + c;
+  }
+  // Stream-K unit u (counted from dp_tiles).
+  CCFUSE_HD KPart part_of(int64_t u) const {
+    const int c = int(u % ctas);
+    const int64_t j = u / ctas, begin = begin_of(c), end = begin_of(c + 1);
+    const int64_t t = begin / k_tiles + j;
+    if (t >= sk_tiles || t * k_tiles >= end) return KPart{-1, 0, 0, 0};
+    const int64_t lo = begin - t * k_tiles, hi = end - t * k_tiles;
+    return KPart{t, int(lo > 0 ? lo : 0), int(hi < k_tiles ? hi : k_tiles), c - cta_of(t * k_tiles)};
+  }
+};
+
+// The plan for `tiles` tiles of `k_tiles` k-blocks on `sms` CTAs: whole tiles for all full waves
+// but the last; stream-K over the last full wave plus the partial one (fewer parts per tile than
+// cutting the partial wave alone), or over all tiles when there are at most `sms`.
+CCFUSE_HD StreamKPlan make_stream_k_plan(int64_t tiles, int k_tiles, int sms) {
+  StreamKPlan p;
+  p.k_tiles = k_tiles;
+  p.sk_tiles = tiles <= sms ? tiles : sms + tiles % sms;
+  p.dp_tiles = tiles - p.sk_tiles;
+  p.ctas = int(p.iters() < sms ? p.iters() : sms);
+  const int64_t per_cta = (p.iters() + p.ctas - 1) / p.ctas;
+  p.segments = int((per_cta + k_tiles - 1) / k_tiles + 1);
+  return p;
 }
 
 }  // namespace ccfuse::gemm
