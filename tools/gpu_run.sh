@@ -308,34 +308,19 @@ if [[ " $what " == *" gemm_tma "* ]]; then
   summary+=("gemm tma-store: gemm_tma_summary.log")
 fi
 if [[ " $what " == *" gemm_streamk "* ]]; then
-  # A/B of stream-K (docs/perf-notes.md; run "gemm" first in the same call): every sweep shape
-  # whose config is stream-K, again with whole tiles (CCFUSE_GEMM_STREAM_K=0, same 128x128
-  # TMA-store tile), against cuBLASLt in the same bench.
-  : > "$OUT/gemm_streamk_off.jsonl"; : > "$OUT/gemm_streamk_off.log"
-  python3 -c "
-import json, sys
-for r in map(json.loads, open(sys.argv[1])):
-    if 'stream_k' in (r.get('config') or '') and 'sms=132' in r['config']:
-        print(r['m'], r['n'], r['k'])" "$OUT/gemm.jsonl" | sort -u > "$OUT/gemm_streamk_shapes.txt"
-  while read -r m n k; do
-    CCFUSE_GEMM_STREAM_K=0 timeout 60 $BIN/ccfuse bench --op gemm --m $m --n $n --k $k --dtype bf16 --iters 10 \
-      --json "$OUT/gemm_streamk_off.jsonl" < /dev/null >> "$OUT/gemm_streamk_off.log" 2>&1 || status=1
-  done < "$OUT/gemm_streamk_shapes.txt"
-  python3 - "$OUT/gemm.jsonl" "$OUT/gemm_streamk_off.jsonl" <<'PY' | tee "$OUT/gemm_streamk_summary.log"
-import json, math, sys
-on = {(r["m"], r["n"], r["k"]): r for r in map(json.loads, open(sys.argv[1])) if "stream_k" in (r.get("config") or "")}
-off = {(r["m"], r["n"], r["k"]): r for r in map(json.loads, open(sys.argv[2]))}
-print("%-18s %12s %12s   (%% of cuBLASLt; whole tiles -> stream-K)" % ("m x n x k", "whole", "stream-K"))
-ratios = []
-for key in sorted(on):
-    if key in off:
-        a, b = off[key]["pct_of_cublas"], on[key]["pct_of_cublas"]
-        ratios.append(b / a)
-        print("%-18s %11.1f%% %11.1f%%" % ("%dx%dx%d" % key, a, b))
-if ratios:
-    print("stream-K / whole tiles: geomean %.3f over %d shapes" % (math.exp(sum(map(math.log, ratios)) / len(ratios)), len(ratios)))
-PY
-  summary+=("gemm stream-K A/B: $(tail -n 1 "$OUT/gemm_streamk_summary.log")")
+  # A/B of stream-K (opt-in, docs/perf-notes.md): the sweep's few-tile shapes with the engine's
+  # choice and with stream-K (CCFUSE_GEMM_STREAM_K=1), against cuBLASLt in the same bench.
+  : > "$OUT/gemm_streamk.jsonl"; : > "$OUT/gemm_streamk.log"
+  for shape in "1024 768 4096" "1024 1280 8192" "1024 1536 4096" "1024 2560 8192" "1024 3072 4096" "1024 3584 4096" \
+               "1024 5120 8192" "1024 7168 4096" "4096 768 4096" "4096 1280 8192"; do
+    set -- $shape
+    for sk in 0 1; do
+      CCFUSE_GEMM_STREAM_K=$sk timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_streamk.jsonl" < /dev/null >> "$OUT/gemm_streamk.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/gemm_streamk.jsonl" 2>&1 | tee "$OUT/gemm_streamk_summary.log"
+  summary+=("gemm stream-K A/B: gemm_streamk_summary.log")
 fi
 if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where

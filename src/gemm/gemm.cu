@@ -85,22 +85,27 @@ sm90::KPartSchedule kpart_schedule(const GemmDesc& d, const GemmConfig& cfg, int
 size_t kpart_partial_bytes(const sm90::KPartSchedule& s, const GemmConfig& cfg) {
   return size_t(s.fixup_slots()) * size_t(cfg.block_m) * size_t(cfg.block_n) * sizeof(float);
 }
+// Where a launch's partials and tile counters live.
+struct Fixup {
+  float* partials = nullptr;
+  int* counters = nullptr;
+};
 
 template <class Traits>
-void launch_kparts(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* ws,
+void launch_kparts(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, const Fixup& fx,
                    cudaStream_t stream) {
   const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
   sm90::KPartSchedule sched = kpart_schedule(d, cfg, sms);
-  sched.partials = static_cast<float*>(ws);
-  sched.counters = reinterpret_cast<int*>(static_cast<char*>(ws) + kpart_partial_bytes(sched, cfg));
+  sched.partials = fx.partials;
+  sched.counters = fx.counters;
   // Stream-K's unit -> CTA map assumes exactly sched.sk.ctas CTAs.
   sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{},
                             cfg.stream_k ? sched.sk.ctas : sms, stream);
 }
 
 template <class E, int BM, int BN, int BK, int S, bool kTma = false>
-void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* ws,
-                          cudaStream_t s) {
+void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                          const Fixup& ws, cudaStream_t s) {
   if (d.b_layout == BLayout::kNK) launch_kparts<sm90::Traits<E, BM, BN, BK, S, true, 1, kTma>>(d, cfg, a, b, c, ws, s);
   else launch_kparts<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, ws, s);
 }
@@ -118,7 +123,7 @@ void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, cons
 }
 
 template <class E>
-void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, void* ws,
+void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, const Fixup& ws,
                   cudaStream_t s) {
   if (cfg.split_k > 1 || cfg.stream_k) {
     if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
@@ -190,6 +195,8 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
 }
 
 namespace {
+constexpr bool kPickStreamK = false;
+
 GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // Time model in k-blocks of a 128x128 tile at full speed, per CTA of a persistent grid of
   // `sms` CTAs (docs/gemm.md, "choosing a config"):
@@ -198,8 +205,8 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // Efficiencies measured against each other (docs/perf-notes.md): with the TMA-store epilogue
   // 128x256 1.0 and 128x128 0.96 (2026-11-30: 93-97 % of cuBLASLt where its tiles fill the SMs);
   // with the register epilogue (ldc not 16-byte aligned) 128x128 at 0.92 of 128x256. A cut tile's fixup (its partials through L2, the last
-  // part's sum) is priced at 4 k-blocks, and stream-K must win by 5 % over whole tiles to be
-  // chosen: its gain is certain only where the SMs sit idle (few tiles, long K).
+  // part's sum) is priced at 4 k-blocks, and stream-K would have to win by 5 % over whole tiles to
+  // be chosen; it is not chosen at all while it measures slower (kPickStreamK).
   const int sms = num_sms > 0 ? num_sms : current_device_sms();
   // Grouped GEMMs store from registers (a tile's rows may cross groups) and have no stream-K;
   // their rule is the one they were measured with (128x128 at 0.88 of 128x256).
@@ -225,7 +232,9 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
     const double iters = double(sk.dp_tiles / sms) * double(k_tiles) +
                          double(ceil_div(sk.iters(), int64_t(sk.ctas))) + kFixup;
     const Option stream{narrow, true, true, iters / eff_narrow};
-    if (stream.time < 0.95 * best.time) best = stream;
+    // Not chosen: measured 15 % slower than whole tiles on the 11 shapes this model picked it
+    // for (2026-11-30, docs/perf-notes.md); kept for the A/B (kPickStreamK) until it is faster.
+    if (kPickStreamK && stream.time < 0.95 * best.time) best = stream;
   }
   GemmConfig c;
   c.block_m = best.t.block_m;
@@ -271,21 +280,25 @@ size_t workspace_bytes(const GemmDesc& d, const GemmConfig& cfg) {
 }
 
 namespace {
-// The per-device split-K / stream-K workspace of run() without one (grown, never shrunk; freed
-// at exit), zeroed when allocated: the tiles' counters start at zero and every call leaves them so.
-void* cached_workspace(size_t bytes) {
+// The per-device split-K / stream-K buffers of run() without a workspace (grown, never shrunk;
+// freed at exit): `which` 0 holds partials, 1 the tile counters, zeroed when allocated. A call
+// leaves the counters it used at zero and touches no other, so the counters stay zero whatever
+// the problem (partials and counters sharing one buffer would not: one problem's partials lie
+// where another's counters are).
+void* cached_buffer(int which, size_t bytes) {
   static std::mutex mu;
-  static std::vector<std::pair<void*, size_t>> per_device;
+  static std::vector<std::pair<void*, size_t>> per_device[2];
   int dev = 0;
   CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (per_device.size() <= size_t(dev)) per_device.resize(size_t(dev) + 1, {nullptr, 0});
-  auto& slot = per_device[size_t(dev)];
+  auto& buffers = per_device[which];
+  if (buffers.size() <= size_t(dev)) buffers.resize(size_t(dev) + 1, {nullptr, 0});
+  auto& slot = buffers[size_t(dev)];
   if (slot.second < bytes) {
     if (slot.first != nullptr) CCFUSE_CUDA_CHECK(cudaFree(slot.first));
     slot = {nullptr, 0};
     CCFUSE_CUDA_CHECK(cudaMalloc(&slot.first, bytes));
-    CCFUSE_CUDA_CHECK(cudaMemset(slot.first, 0, bytes));
+    if (which == 1) CCFUSE_CUDA_CHECK(cudaMemset(slot.first, 0, bytes));
     slot.second = bytes;
   }
   return slot.first;
@@ -298,23 +311,24 @@ void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b,
   for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
   auto s = static_cast<cudaStream_t>(stream);
-  void* ws = nullptr;
+  Fixup fx;
   if (cfg.split_k > 1 || cfg.stream_k) {
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "workspace (", workspace,
                      ") must be 16-byte aligned");
+    const sm90::KPartSchedule k = kpart_schedule(d, cfg, cfg.num_sms > 0 ? cfg.num_sms : current_device_sms());
+    const size_t partial_bytes = kpart_partial_bytes(k, cfg), counter_bytes = size_t(k.fixup_tiles()) * sizeof(int);
     if (workspace != nullptr) {
-      // A caller's workspace may hold anything: its counters are zeroed on the stream first.
-      const sm90::KPartSchedule k = kpart_schedule(d, cfg, cfg.num_sms > 0 ? cfg.num_sms : current_device_sms());
-      const size_t counters = kpart_partial_bytes(k, cfg);
-      CCFUSE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + counters, 0,
-                                        size_t(k.fixup_tiles()) * sizeof(int), s));
-      ws = workspace;
+      // A caller's workspace [partials | counters] may hold anything: its counters are zeroed on the stream first.
+      fx.partials = static_cast<float*>(workspace);
+      fx.counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + partial_bytes);
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(fx.counters, 0, counter_bytes, s));
     } else {
-      ws = cached_workspace(workspace_bytes(d, cfg));
+      fx.partials = static_cast<float*>(cached_buffer(0, partial_bytes));
+      fx.counters = static_cast<int*>(cached_buffer(1, counter_bytes));
     }
   }
-  if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, ws, s);
-  else launch_dtype<cutlass::half_t>(d, cfg, a, b, c, ws, s);
+  if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, fx, s);
+  else launch_dtype<cutlass::half_t>(d, cfg, a, b, c, fx, s);
 }
 
 namespace {

@@ -206,10 +206,15 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.split_k = 1;
     cfg.stream_k = false;
   }
-  // A/B (docs/perf-notes.md): CCFUSE_GEMM_STREAM_K=0 runs the whole-tile schedule where
-  // choose_config picks stream-K (same 128x128 TMA-store tile, one tile per unit).
-  if (const char* v = std::getenv("CCFUSE_GEMM_STREAM_K"); v != nullptr && std::string(v) == "0" && cfg.stream_k) {
-    cfg.stream_k = false;
+  // A/B (docs/perf-notes.md): CCFUSE_GEMM_STREAM_K=1 runs stream-K (the 128x128 TMA-store tile,
+  // opt-in: measured slower than whole tiles) instead of the engine's choice.
+  if (const char* v = std::getenv("CCFUSE_GEMM_STREAM_K"); v != nullptr && std::string(v) == "1" && desc.n % 8 == 0) {
+    cfg.block_n = 128;
+    cfg.stages = 5;
+    cfg.tma_store = true;
+    cfg.stream_k = true;
+    cfg.split_k = 1;
+    cfg.cluster_m = 1;
   }
   gemm::validate(desc, cfg);
   return cfg;
