@@ -308,19 +308,41 @@ if [[ " $what " == *" gemm_tma "* ]]; then
   summary+=("gemm tma-store: gemm_tma_summary.log")
 fi
 if [[ " $what " == *" gemm_streamk "* ]]; then
-  # A/B of stream-K (opt-in, docs/perf-notes.md): the sweep's few-tile shapes with the engine's
-  # choice and with stream-K (CCFUSE_GEMM_STREAM_K=1), against cuBLASLt in the same bench.
+  # Where stream-K's time goes (docs/perf-notes.md): four few-tile shapes with the engine's choice,
+  # stream-K, stream-K without its fixup (CCFUSE_GEMM_KPART_DIAG=1: each part stores its own sum,
+  # wrong values, timing only), with counters and barriers but no partials moved (=2), and
+  # split-K in 2 and 3 parts on the same tile, against cuBLASLt in the same bench.
   : > "$OUT/gemm_streamk.jsonl"; : > "$OUT/gemm_streamk.log"
-  for shape in "1024 768 4096" "1024 1280 8192" "1024 1536 4096" "1024 2560 8192" "1024 3072 4096" "1024 3584 4096" \
-               "1024 5120 8192" "1024 7168 4096" "4096 768 4096" "4096 1280 8192"; do
+  for shape in "1024 768 4096" "1024 1536 4096" "1024 3584 4096" "4096 1280 8192"; do
     set -- $shape
-    for sk in 0 1; do
-      CCFUSE_GEMM_STREAM_K=$sk timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+    for v in default sk sk-nofixup sk-nomove split2 split3; do
+      vars=(CCFUSE_GEMM_KPART_VARIANT=$v)
+      case $v in
+        sk) vars+=(CCFUSE_GEMM_STREAM_K=1) ;;
+        sk-nofixup) vars+=(CCFUSE_GEMM_STREAM_K=1 CCFUSE_GEMM_KPART_DIAG=1) ;;
+        sk-nomove) vars+=(CCFUSE_GEMM_STREAM_K=1 CCFUSE_GEMM_KPART_DIAG=2) ;;
+        split2) vars+=(CCFUSE_GEMM_SPLIT_K=2) ;;
+        split3) vars+=(CCFUSE_GEMM_SPLIT_K=3) ;;
+      esac
+      echo "== $shape $v" >> "$OUT/gemm_streamk.log"
+      env "${vars[@]}" timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
         --json "$OUT/gemm_streamk.jsonl" < /dev/null >> "$OUT/gemm_streamk.log" 2>&1 || status=1
     done
   done
-  python3 tools/summarize_gemm.py --table "$OUT/gemm_streamk.jsonl" 2>&1 | tee "$OUT/gemm_streamk_summary.log"
-  summary+=("gemm stream-K A/B: gemm_streamk_summary.log")
+  python3 - "$OUT/gemm_streamk.jsonl" <<'PY' | tee "$OUT/gemm_streamk_summary.log"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+variants = ["default", "sk", "sk-nofixup", "sk-nomove", "split2", "split3"]
+print("t_ccfuse us (%% of cuBLASLt)  " + "  ".join("%16s" % v for v in variants))
+shapes = []
+for r in rows:
+    if (r["m"], r["n"], r["k"]) not in shapes:
+        shapes.append((r["m"], r["n"], r["k"]))
+for i, s in enumerate(shapes):
+    cells = rows[i * len(variants):(i + 1) * len(variants)]
+    print("%-26s " % ("%dx%dx%d" % s) + "  ".join("%7.1f (%5.1f%%)" % (c["t_fused_ms"] * 1e3, c["pct_of_cublas"]) for c in cells))
+PY
+  summary+=("gemm stream-K diagnosis: gemm_streamk_summary.log")
 fi
 if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where

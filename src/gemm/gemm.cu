@@ -1,5 +1,6 @@
 // Host side of the GEMM engine: validation, config choice, TMA descriptors, launch.
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -98,6 +99,11 @@ void launch_kparts(const GemmDesc& d, const GemmConfig& cfg, const void* a, cons
   sm90::KPartSchedule sched = kpart_schedule(d, cfg, sms);
   sched.partials = fx.partials;
   sched.counters = fx.counters;
+  static const int diag = [] {
+    const char* v = std::getenv("CCFUSE_GEMM_KPART_DIAG");  // diagnostics only (KPartSchedule::diag)
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  sched.diag = diag;
   // Stream-K's unit -> CTA map assumes exactly sched.sk.ctas CTAs.
   sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{},
                             cfg.stream_k ? sched.sk.ctas : sms, stream);

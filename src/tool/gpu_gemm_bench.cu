@@ -216,6 +216,15 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.split_k = 1;
     cfg.cluster_m = 1;
   }
+  // CCFUSE_GEMM_SPLIT_K=N: split-K in N parts on the same tile (A/B of the in-kernel fixup).
+  if (const char* v = std::getenv("CCFUSE_GEMM_SPLIT_K"); v != nullptr && std::atoi(v) > 1 && desc.n % 8 == 0) {
+    cfg.block_n = 128;
+    cfg.stages = 5;
+    cfg.tma_store = true;
+    cfg.stream_k = false;
+    cfg.split_k = std::atoi(v);
+    cfg.cluster_m = 1;
+  }
   gemm::validate(desc, cfg);
   return cfg;
 }

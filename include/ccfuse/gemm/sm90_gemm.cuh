@@ -205,6 +205,9 @@ struct KPartSchedule {
   StreamKPlan sk;
   float* partials = nullptr;
   int* counters = nullptr;
+  // Diagnostics (env CCFUSE_GEMM_KPART_DIAG, timing only, wrong results): 1 = no fixup (every
+  // part stores its own sum as the tile), 2 = counters and barriers but no partial stores or loads.
+  int diag = 0;
   static constexpr bool kHasReady = false;
   static constexpr bool kHasSide = false;
   static constexpr bool kHasFixup = true;
@@ -602,6 +605,8 @@ __device__ __forceinline__ bool fixup_sum(const Schedule& sched, Storage& ss, Ac
   constexpr int kVals = decltype(size(accum))::value;
   static_assert(kVals % 4 == 0, "whole float4s of accumulators per thread");
   constexpr int64_t kSlot = int64_t(kVals) * kThreads;  // = BLOCK_M x BLOCK_N floats
+  if (sched.diag == 1) return true;
+  const bool move = sched.diag != 2;
   const int parts = sched.fixup_parts(w.fixup_tile);
   cuda::atomic_ref<int, cuda::thread_scope_device> count(sched.counters[w.fixup_tile]);
   // Every other part already counted: this one is last without leaving its partial.
@@ -612,8 +617,10 @@ __device__ __forceinline__ bool fixup_sum(const Schedule& sched, Storage& ss, Ac
   if (!last) {
     float4* mine = reinterpret_cast<float4*>(sched.partials + sched.fixup_slot(w.fixup_tile, w.split) * kSlot);
     CUTE_UNROLL
-    for (int q = 0; q < kVals / 4; ++q)
-      mine[q * kThreads + consumer_idx] = make_float4(accum(4 * q), accum(4 * q + 1), accum(4 * q + 2), accum(4 * q + 3));
+    for (int q = 0; q < kVals / 4; ++q) {
+      if (move)
+        mine[q * kThreads + consumer_idx] = make_float4(accum(4 * q), accum(4 * q + 1), accum(4 * q + 2), accum(4 * q + 3));
+    }
     asm volatile("bar.sync 1, %0;" ::"n"(kThreads));  // every thread's partial before the count
     if (consumer_idx == 0) {
       __threadfence();
@@ -627,7 +634,7 @@ __device__ __forceinline__ bool fixup_sum(const Schedule& sched, Storage& ss, Ac
   constexpr int kBatch = 8;  // float4 loads in flight per thread
   static_assert((kVals / 4) % kBatch == 0, "whole batches");
   for (int i = 0; i < parts; ++i) {
-    if (i == w.split) continue;
+    if (i == w.split || !move) continue;
     const float4* src = reinterpret_cast<const float4*>(sched.partials + sched.fixup_slot(w.fixup_tile, i) * kSlot);
     CUTE_UNROLL
     for (int q0 = 0; q0 < kVals / 4; q0 += kBatch) {
