@@ -239,10 +239,25 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
                          double(ceil_div(sk.iters(), int64_t(sk.ctas))) + kFixup;
     const Option stream{narrow, true, true, iters / eff_narrow};
     // Not chosen: measured 15 % slower than whole tiles on the 11 shapes this model picked it
-    // for (2026-11-30, docs/perf-notes.md); kept for the A/B (kPickStreamK) until it is faster.
+    // for, and as slow without its fixup: its CTAs run different tiles at different k offsets,
+    // unclustered, and lose the L2 reuse and B multicast of whole tiles (2026-11-30,
+    // docs/perf-notes.md). Kept for the A/B (kPickStreamK) until it is faster.
     if (kPickStreamK && stream.time < 0.95 * best.time) best = stream;
   }
+  // Split-K in 2 parts on the narrow TMA-store tile where twice its tiles still fit in one wave:
+  // half the k-blocks per CTA, plus ~20 k-blocks of fixup and second prologue (measured
+  // 2026-11-30 on 1024x768x4096: 26.7 -> 21.9 us, 62 -> 78 % of cuBLASLt; in 3 parts, or where
+  // the parts take two waves, slower than whole tiles).
+  bool split2 = false;
+  if (tma_ok && 2 * tiles_of(narrow) <= sms && k_tiles >= 32) {
+    const double t = (double(ceil_div(k_tiles, 2)) + 20.0) / eff_narrow;
+    if (t < 0.95 * best.time) {
+      best = Option{narrow, true, false, t};
+      split2 = true;
+    }
+  }
   GemmConfig c;
+  c.split_k = split2 ? 2 : 1;
   c.block_m = best.t.block_m;
   c.block_n = best.t.block_n;
   c.block_k = best.t.block_k;
@@ -252,7 +267,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   c.num_sms = sms;
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair
   // (stream-K's units are single tiles).
-  c.cluster_m = !c.stream_k && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  c.cluster_m = !c.stream_k && !split2 && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
   return c;
 }
 }  // namespace

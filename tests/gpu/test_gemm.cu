@@ -312,14 +312,22 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   const GemmConfig odd = choose_config(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), 132);
   EXPECT_FALSE(odd.tma_store);  // n % 8 != 0: registers
   EXPECT_NO_THROW(validate(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), odd));
-  // Few tiles, long K: whole narrow TMA-store tiles (split-K and stream-K measured slower).
+  // Fewer narrow tiles than half the SMs, long K: split-K in 2 on the narrow TMA-store tile
+  // (measured faster there; stream-K and 3 parts slower).
   const GemmConfig few = choose_config(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
-  EXPECT_EQ(few.split_k, 1);
+  EXPECT_EQ(few.split_k, 2);
   EXPECT_FALSE(few.stream_k);
   EXPECT_TRUE(few.tma_store);
   EXPECT_EQ(few.block_n, 128);
   EXPECT_EQ(few.stages, 5);
+  EXPECT_EQ(few.cluster_m, 1);
   EXPECT_NO_THROW(validate(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), few));
+  // Twice the tiles would take two waves: whole narrow tiles in CTA pairs.
+  const GemmConfig two_waves = choose_config(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), 132);
+  EXPECT_EQ(two_waves.split_k, 1);
+  EXPECT_FALSE(two_waves.stream_k);
+  EXPECT_EQ(two_waves.block_n, 128);
+  EXPECT_EQ(two_waves.cluster_m, 2);
   // Enough 128x128 tiles for ~3 waves: whole narrow TMA-store tiles, no stream-K.
   const GemmConfig narrow = choose_config(make_desc(8192, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
   EXPECT_FALSE(narrow.stream_k);
