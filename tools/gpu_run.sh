@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -343,6 +343,23 @@ for i, s in enumerate(shapes):
     print("%-26s " % ("%dx%dx%d" % s) + "  ".join("%7.1f (%5.1f%%)" % (c["t_fused_ms"] * 1e3, c["pct_of_cublas"]) for c in cells))
 PY
   summary+=("gemm stream-K diagnosis: gemm_streamk_summary.log")
+fi
+if [[ " $what " == *" gemm_n192 "* ]]; then
+  # EXPERIMENT (written 2026-11-30, not yet run): the 128x192 TMA-store tile (CCFUSE_GEMM_TILE_N=192)
+  # against the engine's choice and cuBLASLt, on the sweep shapes where 192-column tiles fill the
+  # waves better than 128 or 256 (docs/perf-notes.md), and two large shapes as a control.
+  : > "$OUT/gemm_n192.jsonl"; : > "$OUT/gemm_n192.log"
+  for shape in "1024 3072 4096" "4096 768 4096" "1024 2560 8192" "4096 1536 4096" "8192 768 4096" "1024 1536 4096" \
+               "8192 14336 8192" "8192 8192 14336"; do
+    set -- $shape
+    for n192 in 0 1; do
+      tile=""; [ $n192 = 1 ] && tile=192
+      CCFUSE_GEMM_TILE_N=$tile timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_n192.jsonl" < /dev/null >> "$OUT/gemm_n192.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/gemm_n192.jsonl" 2>&1 | tee "$OUT/gemm_n192_summary.log"
+  summary+=("gemm 128x192 tile A/B: gemm_n192_summary.log")
 fi
 if [[ " $what " == *" trace "* ]]; then
   # Per-tile timestamps of the fused TP kernels (CCFUSE_TILE_TRACE, tools/tile_trace.py): where

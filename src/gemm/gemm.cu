@@ -36,6 +36,11 @@ constexpr TileShape kTmaStoreShape = {128, 256, 64, 3};
 // without the register epilogue's ~5.7 us (measured 2026-11-30: +5-12 points of cuBLASLt on the
 // shapes with >= 2 waves of tiles). 5 stages: 5 x 32 KiB of A/B + 32 KiB of C staging.
 constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
+// EXPERIMENT (written 2026-11-30, not yet run on a GPU; docs/perf-notes.md): a 192-column
+// TMA-store tile, for problems whose 128- and 256-column tiles fill the waves badly (cuBLASLt
+// shapes its tiles to the wave there). 4 stages: 4 x 40 KiB of A/B + 48 KiB of C staging.
+// choose_config does not pick it until it is measured.
+constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -136,6 +141,7 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
   } else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
   else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
   else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
@@ -176,9 +182,9 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
     return t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
   };
   if (cfg.tma_store) {
-    known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape);
+    known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
-                     " stages is not built with tma_store (built: 128x256x64/3, 128x128x64/5)");
+                     " stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, 128x128x64/5)");
     CCFUSE_ARG_CHECK(ldc % align == 0, "ldc ", ldc, " must be a multiple of ", align, " for ", dtype_name(d.dtype),
                      " with tma_store (TMA stores 16-byte aligned rows of C)");
   } else {

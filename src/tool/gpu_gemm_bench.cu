@@ -216,6 +216,16 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.split_k = 1;
     cfg.cluster_m = 1;
   }
+  // EXPERIMENT (written 2026-11-30, not yet run): CCFUSE_GEMM_TILE_N=192 runs the 128x192 TMA-store
+  // tile (4 stages) instead of the engine's choice (docs/perf-notes.md).
+  if (const char* v = std::getenv("CCFUSE_GEMM_TILE_N"); v != nullptr && std::string(v) == "192" && desc.n % 8 == 0) {
+    cfg.block_n = 192;
+    cfg.stages = 4;
+    cfg.tma_store = true;
+    cfg.stream_k = false;
+    cfg.split_k = 1;
+    cfg.cluster_m = desc.m > 128 ? 2 : 1;
+  }
   // CCFUSE_GEMM_SPLIT_K=N: split-K in N parts on the same tile (A/B of the in-kernel fixup).
   if (const char* v = std::getenv("CCFUSE_GEMM_SPLIT_K"); v != nullptr && std::atoi(v) > 1 && desc.n % 8 == 0) {
     cfg.block_n = 128;

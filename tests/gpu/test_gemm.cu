@@ -23,7 +23,7 @@ struct Case {
   int64_t m, n, k;
   DType dtype;
   BLayout layout;
-  int block_n;      // 256 or 128; 0 = choose_config
+  int block_n;      // 256 or 128 (192: TMA-store only); 0 = choose_config
   int num_sms;      // 0 = all
   bool col_major;
   int cluster = 0;  // 1 or 2; 0 = choose_config's
@@ -135,8 +135,9 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
       cfg.split_k = 1;
       cfg.stream_k = false;
     }
-    cfg.block_n = c.block_n == 128 ? 128 : 256;  // 128: the narrow TMA-store tile (5 stages)
-    cfg.stages = cfg.block_n == 128 ? 5 : 3;
+    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages)
+    cfg.block_n = c.block_n == 128 || c.block_n == 192 ? c.block_n : 256;
+    cfg.stages = cfg.block_n == 128 ? 5 : (cfg.block_n == 192 ? 4 : 3);
     cfg.tma_store = true;
   }
   std::random_device rd;
@@ -187,6 +188,18 @@ std::vector<Case> cases() {
   out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true});
   out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kKN, 128, 100, true, 1, true});
   out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kNK, 256, 100, true, 1, true});
+  // The 192-column TMA-store tile (128x192x64, 4 stages; EXPERIMENT, written 2026-11-30, not yet
+  // run): partial tiles (776 = 4 x 192 + 8), M < 64, both layouts and dtypes, clusters, an SM
+  // budget, column order, and two sweep shapes it is meant for.
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (BLayout l : {BLayout::kNK, BLayout::kKN})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 776, 520, t, l, 192, 0, false, cl, true});
+        out.push_back({48, 200, 24, t, l, 192, 0, false, cl, true});
+      }
+  out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kKN, 192, 100, true, 1, true});
+  out.push_back({1024, 3072, 4096, DType::kBFloat16, BLayout::kNK, 192, 0, false, 2, true});
+  out.push_back({4096, 768, 4096, DType::kBFloat16, BLayout::kKN, 192, 0, false, 2, true});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
   // shape with fewer tiles than SMs (1024x768x4096).
@@ -435,7 +448,7 @@ TEST(GemmValidation, TmaStoreRules) {
     validate(d, cfg);
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, 128x128x64/5)");
+    EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, 128x128x64/5)");
   }
   cfg.stages = 3;
   GroupedGemmDesc g;
