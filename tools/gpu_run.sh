@@ -30,6 +30,22 @@ export LD_LIBRARY_PATH="$(pylib nvidia.nccl):$(pylib nvidia.cublas):/usr/local/c
 
 status=0
 summary=()
+# gemm_ab NAME VAR ON "M N K"...: each shape with the engine's choice and with VAR=ON (an A/B
+# override of ccfuse bench, src/tool/gpu_gemm_bench.cu), both against cuBLASLt, into
+# $OUT/NAME.jsonl, NAME.log and NAME_summary.log.
+gemm_ab() {
+  local name=$1 var=$2 on=$3 shape v
+  shift 3
+  : > "$OUT/$name.jsonl"; : > "$OUT/$name.log"
+  for shape in "$@"; do
+    set -- $shape
+    for v in "" "$on"; do
+      env "$var=$v" timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+        --json "$OUT/$name.jsonl" < /dev/null >> "$OUT/$name.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/$name.jsonl" 2>&1 | tee "$OUT/${name}_summary.log"
+}
 if [[ " $what " == *" tests "* ]]; then
   # The router/layout sweep has its own section (router): it is long.
   timeout 500 $BIN/ccfuse_gpu_tests --gtest_filter="-*Router*:*Layout*" --gtest_output=json:"$OUT/gpu_tests.json" 2>&1 | tee "$OUT/gpu_tests.log"
@@ -294,17 +310,10 @@ for l in open('$OUT/tp_w1.jsonl'):
 " 2>/dev/null)")
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then
-  # The GEMM's TMA-store epilogue (opt-in, docs/perf-notes.md) against the register epilogue
-  # and cuBLASLt on the small-K and large TP shapes: does it remove the ~5.7 us per tile?
-  : > "$OUT/gemm_tma.log"; : > "$OUT/gemm_tma.jsonl"
-  for shape in "16384 4096 512" "8192 8192 1024" "4096 8192 1024" "8192 8192 3584" "8192 14336 8192" "8192 8192 14336"; do
-    set -- $shape
-    for tma in 0 1; do
-      CCFUSE_GEMM_TMA_STORE=$tma timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
-        --json "$OUT/gemm_tma.jsonl" < /dev/null >> "$OUT/gemm_tma.log" 2>&1 || status=1
-    done
-  done
-  python3 tools/summarize_gemm.py --table "$OUT/gemm_tma.jsonl" 2>&1 | tee "$OUT/gemm_tma_summary.log"
+  # The GEMM's TMA-store epilogue (the default since 2026-11-29) against the engine's choice and
+  # cuBLASLt on the small-K and large TP shapes: does it remove the ~5.7 us per tile?
+  gemm_ab gemm_tma CCFUSE_GEMM_TMA_STORE 1 "16384 4096 512" "8192 8192 1024" "4096 8192 1024" "8192 8192 3584" \
+    "8192 14336 8192" "8192 8192 14336"
   summary+=("gemm tma-store: gemm_tma_summary.log")
 fi
 if [[ " $what " == *" gemm_streamk "* ]]; then
@@ -347,18 +356,9 @@ fi
 if [[ " $what " == *" gemm_n192 "* ]]; then
   # EXPERIMENT (written 2026-11-30, not yet run): the 128x192 TMA-store tile (CCFUSE_GEMM_TILE_N=192)
   # against the engine's choice and cuBLASLt, on the sweep shapes where 192-column tiles fill the
-  # waves better than 128 or 256 (docs/perf-notes.md), and two large shapes as a control.
-  : > "$OUT/gemm_n192.jsonl"; : > "$OUT/gemm_n192.log"
-  for shape in "1024 3072 4096" "4096 768 4096" "1024 2560 8192" "4096 1536 4096" "8192 768 4096" "1024 1536 4096" \
-               "8192 14336 8192" "8192 8192 14336"; do
-    set -- $shape
-    for n192 in 0 1; do
-      tile=""; [ $n192 = 1 ] && tile=192
-      CCFUSE_GEMM_TILE_N=$tile timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
-        --json "$OUT/gemm_n192.jsonl" < /dev/null >> "$OUT/gemm_n192.log" 2>&1 || status=1
-    done
-  done
-  python3 tools/summarize_gemm.py --table "$OUT/gemm_n192.jsonl" 2>&1 | tee "$OUT/gemm_n192_summary.log"
+  # waves better than 128 or 256 (docs/perf-notes.md), and controls (two large shapes among them).
+  gemm_ab gemm_n192 CCFUSE_GEMM_TILE_N 192 "1024 3072 4096" "4096 768 4096" "1024 2560 8192" "4096 1536 4096" \
+    "8192 768 4096" "1024 1536 4096" "8192 14336 8192" "8192 8192 14336"
   summary+=("gemm 128x192 tile A/B: gemm_n192_summary.log")
 fi
 if [[ " $what " == *" trace "* ]]; then

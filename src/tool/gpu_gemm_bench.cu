@@ -192,49 +192,33 @@ gemm::GemmDesc desc_of(const Options& o) {
 }
 
 // The engine's config for the options, validated (bad shapes are bad input: exit code 2).
-// EXPERIMENT (docs/perf-notes.md): CCFUSE_GEMM_TMA_STORE=1 runs the TMA-store epilogue
-// (128x256x64, 3 stages) instead of the engine's choice, to measure it before it becomes one.
+// A/B runs (docs/perf-notes.md) replace the engine's choice by one TMA-store tile setting:
+//   CCFUSE_GEMM_TMA_STORE=1  128x256x64/3 whole tiles
+//   CCFUSE_GEMM_TILE_N=192   128x192x64/4 whole tiles (EXPERIMENT, written 2026-11-30, not yet run)
+//   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
+//   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   const gemm::GemmDesc desc = desc_of(o);
   gemm::GemmConfig cfg = gemm::choose_config(desc, dev.budget);
-  if (const char* v = std::getenv("CCFUSE_GEMM_TMA_STORE"); v != nullptr && std::string(v) == "1") {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  auto force = [&](int block_n, int stages, bool stream_k, int split_k, int cluster_m) {
     cfg.block_m = 128;
-    cfg.block_n = 256;
+    cfg.block_n = block_n;
     cfg.block_k = 64;
-    cfg.stages = 3;
+    cfg.stages = stages;
     cfg.tma_store = true;
-    cfg.split_k = 1;
-    cfg.stream_k = false;
-  }
-  // A/B (docs/perf-notes.md): CCFUSE_GEMM_STREAM_K=1 runs stream-K (the 128x128 TMA-store tile,
-  // opt-in: measured slower than whole tiles) instead of the engine's choice.
-  if (const char* v = std::getenv("CCFUSE_GEMM_STREAM_K"); v != nullptr && std::string(v) == "1" && desc.n % 8 == 0) {
-    cfg.block_n = 128;
-    cfg.stages = 5;
-    cfg.tma_store = true;
-    cfg.stream_k = true;
-    cfg.split_k = 1;
-    cfg.cluster_m = 1;
-  }
-  // EXPERIMENT (written 2026-11-30, not yet run): CCFUSE_GEMM_TILE_N=192 runs the 128x192 TMA-store
-  // tile (4 stages) instead of the engine's choice (docs/perf-notes.md).
-  if (const char* v = std::getenv("CCFUSE_GEMM_TILE_N"); v != nullptr && std::string(v) == "192" && desc.n % 8 == 0) {
-    cfg.block_n = 192;
-    cfg.stages = 4;
-    cfg.tma_store = true;
-    cfg.stream_k = false;
-    cfg.split_k = 1;
-    cfg.cluster_m = desc.m > 128 ? 2 : 1;
-  }
-  // CCFUSE_GEMM_SPLIT_K=N: split-K in N parts on the same tile (A/B of the in-kernel fixup).
-  if (const char* v = std::getenv("CCFUSE_GEMM_SPLIT_K"); v != nullptr && std::atoi(v) > 1 && desc.n % 8 == 0) {
-    cfg.block_n = 128;
-    cfg.stages = 5;
-    cfg.tma_store = true;
-    cfg.stream_k = false;
-    cfg.split_k = std::atoi(v);
-    cfg.cluster_m = 1;
-  }
+    cfg.stream_k = stream_k;
+    cfg.split_k = split_k;
+    cfg.cluster_m = cluster_m;
+  };
+  const int pairs = desc.m > 128 ? 2 : 1;  // CTA pairs need two row tiles
+  if (env("CCFUSE_GEMM_TMA_STORE") == "1") force(256, 3, false, 1, pairs);
+  if (env("CCFUSE_GEMM_TILE_N") == "192") force(192, 4, false, 1, pairs);
+  if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
+  if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);
   gemm::validate(desc, cfg);
   return cfg;
 }
