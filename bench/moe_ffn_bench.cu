@@ -398,7 +398,8 @@ const char* const kUsage =
     "                            [--print-config [--world-size W]]\n"
     "  --print-config: the MoE tuner's choice (moe_tuner.h) and why, per case, then exit; no GPU needed.\n"
     "  Env overrides of the tuner (A/B runs): CCFUSE_MOE_COMBINE=presum|perslot,\n"
-    "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n";
+    "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n"
+    "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {
@@ -631,6 +632,9 @@ int main(int argc, char** argv) {
               cfg.check_routing = false;  // its host sync would be timed (the routing is valid by construction)
               cfg.combine = choice.combine == "presum" ? moe::MoeCombine::kPresum : moe::MoeCombine::kPerSlot;
               cfg.interleave_sends = choice.send_order == "interleaved";
+              // CCFUSE_MOE_DISPATCH_MODE=allgather: the all-gather dispatch (EXPERIMENT, not chosen by the tuner yet).
+              cfg.dispatch = env_or("CCFUSE_MOE_DISPATCH_MODE", "") == "allgather" ? moe::MoeDispatch::kAllGather
+                                                                                   : moe::MoeDispatch::kAllToAll;
               moe::MoeFfn ffn(team, desc, cfg);
               CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",
                            max_rows);
@@ -781,7 +785,9 @@ int main(int argc, char** argv) {
                      << ", \"world_size\": " << w << ", \"model\": " << json_str(g.model) << ", \"m\": " << tokens
                      << ", \"n\": " << h << ", \"k\": " << f << ", \"experts\": " << g.experts << ", \"topk\": " << k
                      << ", \"tokens_per_rank\": " << tokens << ", \"hidden\": " << h << ", \"ffn\": " << f
-                     << ", \"routing\": " << json_str(routing) << ", \"dispatch\": \"alltoall\", \"dtype\": \"bf16\"";
+                     << ", \"routing\": " << json_str(routing) << ", \"dispatch\": "
+                     << json_str(cfg.dispatch == moe::MoeDispatch::kAllGather ? "allgather" : "alltoall")
+                     << ", \"dtype\": \"bf16\"";
                   for (int v = 0; v < kVariants; ++v) os << ", \"" << kVariantNames[v] << "_ms\": " << json_num(t[v]);
                   for (int v = 0; v < kVariants; ++v)
                     os << ", \"" << kVariantNames[v] << "_ms_per_rank\": "

@@ -253,12 +253,15 @@ if [[ " $what " == *" moe_ab "* ]]; then
   # the interleaved and the owner-major send order everywhere, each merged with the serial baseline of the same call
   # (run "moe" first in the same call, e.g. `gpu_run.sh moe moe_ab`).
   # default = the MoE tuner's choice per case (moe_tuner.h); the others force one setting.
-  for variant in default perslot interleave owner; do
-    combine=""; order=""
+  # allgather (EXPERIMENT, written 2026-11-30): layer 0's all-gather dispatch, the tuner's other choices.
+  # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default allgather").
+  for variant in ${CCFUSE_MOE_AB_VARIANTS:-default perslot interleave owner allgather}; do
+    combine=""; order=""; mode=""
     [[ $variant == *perslot* ]] && combine=perslot
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
-    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    [[ $variant == allgather ]] && mode=allgather
+    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1

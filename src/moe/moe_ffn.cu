@@ -30,7 +30,8 @@ using E = cutlass::bfloat16_t;
 //   h1       [max_rows, F] bf16     layer 0's output (after the activation)
 //   y        [max_rows, H] bf16     layer 1's weighted output tiles before they are forwarded
 // Flags: [0, W) counts row of source s; [W, W + W * max_chunks) chunk c of source s's dispatch;
-// [W + W * max_chunks, + W) layer 1: every row of source s's tokens is back.
+// [W + W * max_chunks, + W) layer 1: every row of source s's tokens is back; all-gather mode:
+// then [.., + W * max_gchunks) token chunk c of source s is in this rank's gathered buffer.
 struct Plan {  // device arrays derived from the counts matrix (written by exchange_kernel)
   int32_t* group_rows;   // [E_local] rows of each local expert
   int64_t* row_prefix;   // [E_local + 1]
@@ -41,6 +42,8 @@ struct Plan {  // device arrays derived from the counts matrix (written by excha
   int64_t* block_begin;  // [E] first row of this rank's block of expert e on its owner
   int64_t* target;       // [W] layer 1: (rows from source s) * H-tiles
   int64_t* done_count;   // [W] layer 1: row-tiles of source s sent so far (zeroed per call)
+  int* perm_base;        // [W * E_local + 1] all-gather: first permute unit of (i-th source
+                         // rotated from this rank, local expert j), units of kChunkRows rows
 };
 
 // a[i] for a register array of 4 and a warp-uniform i (no local-memory indexing).
@@ -58,6 +61,7 @@ __device__ __forceinline__ T select4(const T (&a)[4], int i) {
 struct Geometry {
   int world = 1, rank = 0, experts = 1, epr = 1, topk = 1;
   int64_t hidden = 0, max_chunks = 0;
+  int64_t max_tokens = 0, max_gchunks = 0;  // all-gather: token chunks of kChunkRows per source
   bool interleaved = false;
   __host__ __device__ int rot_index(int src, int e) const {
     if (!interleaved) return (e - src * epr + experts) % experts;
@@ -69,6 +73,13 @@ struct Geometry {
   }
   __host__ __device__ int chunk_flag(int src, int chunk) const { return world + int(src * max_chunks) + chunk; }
   __host__ __device__ int done_flag(int src) const { return world + int(world * max_chunks) + src; }
+  // All-gather: token chunk c of source src has arrived in this rank's gathered buffer.
+  __host__ __device__ int gather_flag(int src, int64_t c) const {
+    return world + int(world * max_chunks) + world + int(src * max_gchunks + c);
+  }
+  __host__ __device__ int num_flags(bool allgather) const {
+    return world + int(world * max_chunks) + world + (allgather ? int(world * max_gchunks) : 0);
+  }
 };
 
 // One CTA: push this rank's counts row into every rank's matrix, wait for every source's, then
@@ -83,6 +94,9 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
   __syncthreads();
   bool ok = true;
   if (threadIdx.x < g.world) {
+    // All-gather mode: route_push_kernel's writes (the kernel before on the stream) go out under
+    // the same flags.
+    __threadfence_system();
     comm::notify(sig, threadIdx.x, g.rank, e);
     ok = comm::wait(sig, threadIdx.x, e, threadIdx.x);
   }
@@ -121,6 +135,16 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     int64_t from_src = 0;
     for (int x = 0; x < g.epr; ++x) from_src += cnt[src * g.experts + g.rank * g.epr + x];
     plan.target[src] = from_src * n_tiles1;
+  } else if (threadIdx.x == 96) {
+    int u = 0;
+    for (int i = 0; i < g.world; ++i) {
+      const int src = (g.rank + i) % g.world;
+      for (int j = 0; j < g.epr; ++j) {
+        plan.perm_base[i * g.epr + j] = u;
+        u += (cnt[src * g.experts + g.rank * g.epr + j] + kChunkRows - 1) / kChunkRows;
+      }
+    }
+    plan.perm_base[g.world * g.epr] = u;
   } else if (threadIdx.x == 32) {
     int64_t rows = 0;
     for (int i = 0; i < g.experts; ++i) {
@@ -160,6 +184,55 @@ __global__ void send_list_kernel(Geometry g, const int32_t* topk_ids, const int6
     const int x = topk_ids[i];
     if (x < 0 || positions[i] < 0) continue;
     send_list[plan.rows_base[g.rot_index(g.rank, x)] + (positions[i] - plan.block_begin[x])] = int32_t(i);
+  }
+}
+
+// ---- all-gather dispatch (MoeDispatch::kAllGather) -----------------------------------------
+
+// This rank's routing into slot `rank` of every rank's gathered routing [W][max_tokens * k]
+// (ids and weights), padded with -1 (dropped) past its num_tokens tokens: a receiver ranks any
+// source's entries with dispatch_positions_gpu over max_tokens tokens, no token count needed.
+// Before the exchange kernel on the stream: its flags publish these writes too.
+__global__ void route_push_kernel(Geometry g, const int32_t* topk_ids, const float* topk_w, int64_t num_tokens,
+                                  int32_t* const* ids_peers, float* const* w_peers) {
+  const int64_t entries = g.max_tokens * g.topk, live = num_tokens * g.topk;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < g.world * entries;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int p = int(i / entries);
+    const int64_t j = i % entries, at = int64_t(g.rank) * entries + j;
+    ids_peers[p][at] = j < live ? topk_ids[j] : -1;
+    w_peers[p][at] = j < live ? topk_w[j] : 0.f;
+  }
+}
+
+// The receive rows' metadata, from every source's gathered routing and positions (local writes):
+// row_src[pos] = (source, entry), row_w[pos] = its weight, for the entries of this rank's experts.
+__global__ void ag_rows_kernel(Geometry g, const int32_t* ids, const float* weights, const int64_t* positions,
+                               int2* row_src, float* row_w) {
+  const int64_t entries = g.max_tokens * g.topk;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < g.world * entries;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int x = ids[i];
+    if (x < 0 || x >= g.experts || x / g.epr != g.rank || positions[i] < 0) continue;
+    row_src[positions[i]] = make_int2(int(i / entries), int(i % entries));
+    row_w[positions[i]] = weights[i];
+  }
+}
+
+// One row of `vecs` 16-byte pieces copied by a warp, eight loads in flight per lane before their
+// stores. (Row by row with the whole group, or flat with 4 loads in flight, the dispatch copy was
+// latency-bound: ~3-4 GB/s per SM.)
+__device__ __forceinline__ void copy_row(const E* from_row, E* to_row, int vecs, int lane) {
+  const int4* from = reinterpret_cast<const int4*>(from_row);
+  int4* dst = reinterpret_cast<int4*>(to_row);
+  for (int c0 = lane; c0 < vecs; c0 += 8 * 32) {
+    int4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (c0 + 32 * u < vecs) v[u] = from[c0 + 32 * u];
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (c0 + 32 * u < vecs) dst[c0 + 32 * u] = v[u];
   }
 }
 
@@ -221,8 +294,82 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   __device__ void send(const gemm::TileWork&, int, int) const {}
   __device__ void notify_sent(const gemm::TileWork&) const {}
   bool diag_no_send = false;  // CCFUSE_MOE_DIAG=nosend: timing experiments only (wrong results)
+  // All-gather mode (MoeDispatch::kAllGather): ag_prologue instead of the all-to-all sends.
+  bool allgather = false;
+  int64_t num_tokens = 0;            // this rank's
+  E* gath[kMaxMoeRanks] = {};        // every rank's gathered tokens [W][max_tokens][H]
+  const int32_t* counts = nullptr;   // local [W][E]
+  const int64_t* row_prefix = nullptr;
+  const int* perm_base = nullptr;
+  const int2* row_src_local = nullptr;
+  E* recv_local = nullptr;
+
+  // Phase 1: this rank's tokens, in chunks of kChunkRows, into slot `rank` of every other rank's
+  // gathered buffer (peers rotated from the next rank), a flag per (peer, chunk). Phase 2: the
+  // rows of this rank's experts copied into place from the gathered buffers (this rank's own
+  // tokens from x, first: they wait for nothing), units of kChunkRows rows of one (source,
+  // expert) block, each released on the same local flag an all-to-all source would release
+  // (the grouped GEMM's producers wait for it alike). A unit waits for the gathered chunks that
+  // hold its tokens.
+  __device__ void ag_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
+    const epoch_t e = comm::current_epoch(sig);
+    const int warp = tid / 32, lane = tid % 32, warps = num_threads / 32;
+    const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
+    const int64_t gchunks = (num_tokens + kChunkRows - 1) / kChunkRows;
+    for (int64_t u = cta; u < (geo.world - 1) * gchunks; u += num_ctas) {
+      const int p = (geo.rank + 1 + int(u / gchunks)) % geo.world;
+      const int64_t c = u % gchunks, t0 = c * kChunkRows;
+      const int64_t rows = min(int64_t(kChunkRows), num_tokens - t0);
+      E* const to = gath[p] + (int64_t(geo.rank) * geo.max_tokens + t0) * geo.hidden;
+      for (int64_t r = warp; r < rows; r += warps) copy_row(x + (t0 + r) * geo.hidden, to + r * geo.hidden, vecs, lane);
+      asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
+      if (tid == 0) comm::notify(sig, p, geo.gather_flag(geo.rank, c), e);
+    }
+    const int units = perm_base[geo.world * geo.epr];
+    for (int64_t u = cta; u < units; u += num_ctas) {
+      int lo = 0, hi = geo.world * geo.epr;  // largest q with perm_base[q] <= u
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (perm_base[mid] <= u) lo = mid;
+        else hi = mid;
+      }
+      const int i = lo / geo.epr, j = lo % geo.epr, src = (geo.rank + i) % geo.world, xg = geo.rank * geo.epr + j;
+      const int64_t c = u - perm_base[lo];
+      int64_t first = row_prefix[j];  // the (src, xg) block: after the sources rotated before src
+      for (int i2 = 0; i2 < i; ++i2) first += counts[((geo.rank + i2) % geo.world) * geo.experts + xg];
+      const int64_t r0 = first + c * kChunkRows;
+      const int64_t rows = min(int64_t(kChunkRows), counts[src * geo.experts + xg] - c * kChunkRows);
+      if (src != geo.rank) {
+        if (tid == 0) {
+          int64_t t_lo = INT64_MAX, t_hi = -1;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t t = row_src_local[r0 + r].y / geo.topk;
+            t_lo = min(t_lo, t);
+            t_hi = max(t_hi, t);
+          }
+          // On a watchdog timeout go on (the host raises the TimeoutError; results are garbage).
+          for (int64_t ch = t_lo / kChunkRows; ch <= t_hi / kChunkRows; ++ch)
+            if (!comm::wait(sig, geo.gather_flag(src, ch), e, src)) break;
+        }
+        asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // the acquire before every thread's loads
+      }
+      const E* from = src == geo.rank ? x : gath[geo.rank] + int64_t(src) * geo.max_tokens * geo.hidden;
+      for (int64_t r = warp; r < rows; r += warps) {
+        const int64_t t = row_src_local[r0 + r].y / geo.topk;
+        copy_row(from + t * geo.hidden, recv_local + (r0 + r) * geo.hidden, vecs, lane);
+      }
+      asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
+      if (tid == 0)
+        comm::notify(sig, geo.rank, geo.chunk_flag(src, chunk_base[src * (geo.experts + 1) + geo.rot_index(src, xg)] + int(c)), e);
+    }
+  }
+
   __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     if (diag_no_send) return;
+    if (allgather) {
+      ag_prologue(cta, num_ctas, tid, num_threads);
+      return;
+    }
     const epoch_t e = comm::current_epoch(sig);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
     const int total = base[geo.experts];
@@ -241,10 +388,8 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       const int32_t* entries = send_list + rows_base[lo] + r0;
       const int64_t dest0 = block_begin[xg] + r0;
       E* const to = recv[owner] + dest0 * geo.hidden;  // the unit's rows are contiguous there
-      // A warp per row, eight 16-byte loads in flight per lane before their stores; the unit's
-      // entries are loaded once (lane l holds rows l, l + 32, ...) and broadcast by shuffles.
-      // (Row by row with the whole group, or flat with 4 loads in flight, the copy was
-      // latency-bound: ~3-4 GB/s per SM.)
+      // A warp per row (copy_row); the unit's entries are loaded once (lane l holds rows l, l + 32,
+      // ...) and broadcast by shuffles.
       const int warp = tid / 32, lane = tid % 32, warps = num_threads / 32;
       int32_t mine[kChunkRows / 32];
 #pragma unroll
@@ -253,17 +398,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       for (int r = warp; r < rows; r += warps) {
         const int32_t held = select4(mine, r / 32);
         const int32_t entry = __shfl_sync(0xffffffffu, held, r % 32);
-        const int4* from = reinterpret_cast<const int4*>(x + int64_t(entry / geo.topk) * geo.hidden);
-        int4* dst = reinterpret_cast<int4*>(to + int64_t(r) * geo.hidden);
-        for (int c0 = lane; c0 < vecs; c0 += 8 * 32) {
-          int4 v[8];
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            if (c0 + 32 * u < vecs) v[u] = from[c0 + 32 * u];
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            if (c0 + 32 * u < vecs) dst[c0 + 32 * u] = v[u];
-        }
+        copy_row(x + int64_t(entry / geo.topk) * geo.hidden, to + int64_t(r) * geo.hidden, vecs, lane);
         if (lane == 0) {
           row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
           row_w[owner][dest0 + r] = topk_w[entry];
@@ -478,6 +613,12 @@ struct MoeFfn::State {
   int64_t max_rows = 0;
   std::unique_ptr<comm::SymmetricBuffer> counts, recv, row_src, row_w, slots;
   std::unique_ptr<comm::SymmetricBuffer> partial;  // kPresum: [W][max_tokens][H] bf16
+  // kAllGather: gathered tokens [W][max_tokens][H] bf16 and routing [W][max_tokens * k] (ids,
+  // weights); every source's positions here [W][max_tokens * k]; device arrays of peer pointers.
+  std::unique_ptr<comm::SymmetricBuffer> gath, gids, gw;
+  int64_t* gpositions = nullptr;
+  int32_t** gids_peers = nullptr;
+  float** gw_peers = nullptr;
   int32_t* row_of = nullptr;                       // kPresum: [W][max_tokens * k]
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
@@ -497,6 +638,9 @@ struct MoeFfn::State {
     cudaFree(scratch);
     cudaFree(row_of);
     cudaFree(const_cast<E**>(partial_peers));
+    cudaFree(gpositions);
+    cudaFree(gids_peers);
+    cudaFree(gw_peers);
     cudaFree(h1);
     cudaFree(y);
   }
@@ -548,6 +692,9 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.hidden = d.hidden;
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
+  s.geo.max_tokens = d.max_tokens;
+  s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
+  const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
   s.max_rows = entries * w;
   s.counts = team.alloc_symmetric(size_t(w) * d.num_experts * 4);
   s.recv = team.alloc_symmetric(size_t(s.max_rows * d.hidden) * 2);
@@ -566,14 +713,30 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   } else {
     s.slots = team.alloc_symmetric(size_t(entries * d.hidden) * 2);
   }
-  s.sig = team.make_signals("moe_ffn", int(w + w * s.geo.max_chunks + w));
+  s.sig = team.make_signals("moe_ffn", s.geo.num_flags(allgather));
+  if (allgather) {
+    s.gath = team.alloc_symmetric(size_t(w) * size_t(d.max_tokens * d.hidden) * 2);
+    s.gids = team.alloc_symmetric(size_t(w) * size_t(entries) * 4);
+    s.gw = team.alloc_symmetric(size_t(w) * size_t(entries) * 4);
+    CCFUSE_CUDA_CHECK(cudaMalloc(&s.gpositions, size_t(w) * size_t(entries) * 8));
+    std::vector<int32_t*> ip(static_cast<size_t>(w));
+    std::vector<float*> wp(static_cast<size_t>(w));
+    for (int r = 0; r < w; ++r) {
+      ip[size_t(r)] = static_cast<int32_t*>(s.gids->peer(r));
+      wp[size_t(r)] = static_cast<float*>(s.gw->peer(r));
+    }
+    CCFUSE_CUDA_CHECK(cudaMalloc(&s.gids_peers, size_t(w) * sizeof(int32_t*)));
+    CCFUSE_CUDA_CHECK(cudaMalloc(&s.gw_peers, size_t(w) * sizeof(float*)));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(s.gids_peers, ip.data(), size_t(w) * sizeof(int32_t*), cudaMemcpyHostToDevice));
+    CCFUSE_CUDA_CHECK(cudaMemcpy(s.gw_peers, wp.data(), size_t(w) * sizeof(float*), cudaMemcpyHostToDevice));
+  }
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.h1, size_t(s.max_rows * d.ffn) * 2));
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.y, size_t(s.max_rows * d.hidden) * 2));
   const int ex = d.num_experts, el = s.geo.epr;
   const size_t ws = dispatch_workspace_bytes(d.max_tokens, d.topk, ex);
   const size_t bytes = 256 * 16 + size_t(el) * 4 + size_t(el + 1) * (8 + 4 + 4) + size_t(w) * (ex + 1) * 4 +
                        size_t(ex + 1) * 8 + size_t(ex) * 8 + size_t(w) * (8 + 8) + size_t(ex) * 4 + size_t(w) * 8 +
-                       size_t(entries) * (8 + 4) + ws;
+                       size_t(entries) * (8 + 4) + size_t(w * el + 1) * 4 + 256 + ws;
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.scratch, bytes));
   char* p = static_cast<char*>(s.scratch);
   s.plan.group_rows = carve<int32_t>(p, el);
@@ -585,6 +748,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.plan.block_begin = carve<int64_t>(p, ex);
   s.plan.target = carve<int64_t>(p, w);
   s.plan.done_count = carve<int64_t>(p, w);
+  s.plan.perm_base = carve<int>(p, size_t(w) * el + 1);
   s.counts_row = carve<int32_t>(p, ex);
   s.counts_peers = carve<int32_t*>(p, w);
   s.positions = carve<int64_t>(p, entries);
@@ -605,7 +769,9 @@ int64_t MoeFfn::max_rows() const { return s_->max_rows; }
 std::string MoeFfn::describe() const {
   std::ostringstream os;
   const MoeFfnDesc& d = s_->desc;
-  os << "moe_ffn v1 dispatch=alltoall" << (s_->geo.interleaved ? "(send order interleaved)" : "")
+  const bool allgather = s_->cfg.dispatch == MoeDispatch::kAllGather;
+  os << "moe_ffn v1 dispatch=" << (allgather ? "allgather(tokens to every rank, local permute; EXPERIMENT)" : "alltoall")
+     << (!allgather && s_->geo.interleaved ? "(send order interleaved)" : "")
      << " block=128x256x64 stages=4 chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
@@ -663,13 +829,31 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, num_tokens * d.topk, d.num_experts,
                                                                 s.counts_row);
   CCFUSE_CUDA_CHECK_LAUNCH();
+  const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
+  const int dev_sms = gemm::current_device_sms();
+  const int64_t entries_max = d.max_tokens * d.topk;
+  if (allgather) {  // the routing first: the exchange kernel's flags publish it with the counts
+    route_push_kernel<<<2 * dev_sms, 256, 0, stream>>>(s.geo, topk_ids, topk_w, num_tokens, s.gids_peers, s.gw_peers);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  }
   const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / kBlockN);
   const size_t exchange_smem = size_t(s.geo.world + 1) * d.num_experts * 4;
   exchange_kernel<<<1, 256, exchange_smem, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan,
                                                      n_tiles0, n_tiles1, s.max_rows);
   CCFUSE_CUDA_CHECK_LAUNCH();
   const int32_t* counts_local = static_cast<const int32_t*>(s.counts->local());
-  if (num_tokens > 0) {
+  if (allgather) {
+    // Every source's entries ranked on this rank (dispatch_positions_gpu over max_tokens padded
+    // tokens), then the receive rows' (source, entry) and weight.
+    const int32_t* gids = static_cast<const int32_t*>(s.gids->local());
+    for (int src = 0; src < s.geo.world; ++src)
+      dispatch_positions_gpu(counts_local, s.geo.world, d.num_experts, src, gids + src * entries_max, d.max_tokens,
+                             d.topk, s.gpositions + src * entries_max, s.dispatch_ws, stream);
+    ag_rows_kernel<<<2 * dev_sms, 256, 0, stream>>>(s.geo, gids, static_cast<const float*>(s.gw->local()), s.gpositions,
+                                                    static_cast<int2*>(s.row_src->local()),
+                                                    static_cast<float*>(s.row_w->local()));
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  } else if (num_tokens > 0) {
     dispatch_positions_gpu(counts_local, s.geo.world, d.num_experts, s.geo.rank, topk_ids, num_tokens, d.topk,
                            s.positions, s.dispatch_ws, stream);
     const int64_t entries = num_tokens * d.topk;
@@ -703,6 +887,16 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));
       epi.row_w[r] = static_cast<float*>(s.row_w->peer(r));
+    }
+    if (allgather) {
+      epi.allgather = true;
+      epi.num_tokens = num_tokens;
+      for (int r = 0; r < s.geo.world; ++r) epi.gath[r] = static_cast<E*>(s.gath->peer(r));
+      epi.counts = counts_local;
+      epi.row_prefix = s.plan.row_prefix;
+      epi.perm_base = s.plan.perm_base;
+      epi.row_src_local = static_cast<const int2*>(s.row_src->local());
+      epi.recv_local = static_cast<E*>(s.recv->local());
     }
   };
   using gemm::sm90::Activation;

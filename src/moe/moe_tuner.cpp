@@ -37,7 +37,7 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   std::ostringstream why;
   c.dispatch = "all-to-all";
   c.alltoall_over_allgather_bytes = p.world_size > 1 ? double(p.topk) / double(p.world_size) : 1.0;
-  why << "dispatch all-to-all (the all-gather mode is built in the CPU world only";
+  why << "dispatch all-to-all (the all-gather mode is built on GPUs but not yet measured";
   if (c.alltoall_over_allgather_bytes > 1)
     why << "; it would move " << num(c.alltoall_over_allgather_bytes) << "x fewer dispatch bytes here";
   why << "). ";

@@ -88,6 +88,7 @@ struct Case {
   int num_sms = 0;
   MoeCombine combine = MoeCombine::kPerSlot;  // the per-slot cases name it; presum_* the other
   bool interleave_sends = false;
+  MoeDispatch dispatch = MoeDispatch::kAllToAll;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -274,6 +275,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.num_sms = c.num_sms;
     config.combine = c.combine;
     config.interleave_sends = c.interleave_sends;
+    config.dispatch = c.dispatch;
     cudaStream_t s;
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const DevPtr x = upload(rd.x), ids = upload(rd.ids), decoy = upload(rd.decoy_ids), tw = upload(rd.weights);
@@ -397,6 +399,20 @@ std::vector<Case> cases() {
   inter.route = Route::kUniform;
   inter.combine = MoeCombine::kPresum;
   v.push_back(inter);
+  // The all-gather dispatch (MoeDispatch::kAllGather; EXPERIMENT, written 2026-11-30, not yet
+  // run): both combines, top-1 to top-8, drops, a rank with no tokens, uneven counts past one
+  // 128-token chunk, kNK, and few CTAs (each takes several push and permute units).
+  const auto ag = [&](Case c) {
+    c.name = "allgather_" + c.name;
+    c.dispatch = MoeDispatch::kAllGather;
+    v.push_back(c);
+  };
+  ag({"uniform_top2", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}});
+  ag({"top1_e16", 512, 256, 16, 1, true, BLayout::kKN, Route::kUniform, {300}});
+  ag({"presum_top8_e16", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform, {64}, 0, 0, 0, 0, presum});
+  ag({"presum_rank0_no_tokens", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {0, 300}, 0, 0, 0, 0, presum});
+  ag({"perslot_uneven_nk_zipf_drops", 512, 256, 16, 4, false, BLayout::kNK, Route::kZipf, {250, 40}, 512, 0.1, 0.02});
+  ag({"h768_f384_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {300}, 0, 0, 0, 8, presum});
   return v;
 }
 

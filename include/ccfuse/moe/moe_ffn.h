@@ -67,9 +67,19 @@ struct MoeFfnDesc {
 //             2.82 ms at 4096 tokens; Mixtral (top-2) within 1 %.
 enum class MoeCombine { kAuto, kPerSlot, kPresum };
 
+// How layer 0 brings the tokens to their experts' ranks (DESIGN §1; docs/moe-layers.md):
+//   kAllToAll   every (token, slot) row goes to its expert's owner, into its final row there
+//               (up to k rows per token over the links).
+//   kAllGather  every token goes once to every other rank (with the routing); each rank then
+//               copies the rows of its own experts into place locally: one row per token and
+//               peer over the links, plus a local permute. EXPERIMENT, written 2026-11-30, not
+//               yet run on a GPU: opt-in; layer 1 is the same in both modes.
+enum class MoeDispatch { kAllToAll, kAllGather };
+
 struct MoeFfnConfig {
   int num_sms = 0;  // CTAs of each persistent GEMM; 0 = every SM
   MoeCombine combine = MoeCombine::kAuto;
+  MoeDispatch dispatch = MoeDispatch::kAllToAll;
   // Layer 0's send order: false = this rank's own experts first, then the next owner's, ...;
   // true = local expert j of every owner in turn, the order in which the receivers' tiles need
   // the rows. Measured 2026-11-30 (with presum): 0.88-0.93x the time on the balanced Qwen3 /
