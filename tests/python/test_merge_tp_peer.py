@@ -40,7 +40,8 @@ class MergeTpPeer(unittest.TestCase):
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 merge_tp_peer.main(ours, peers)
-            merged = [json.loads(line) for line in open(ours)]
+            with open(ours) as f:
+                merged = [json.loads(line) for line in f]
         self.assertEqual(len(merged), 2)
         ag, ar = merged
         self.assertAlmostEqual(ag["t_peer_ms"], 2.945)
