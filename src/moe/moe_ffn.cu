@@ -136,15 +136,7 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     for (int x = 0; x < g.epr; ++x) from_src += cnt[src * g.experts + g.rank * g.epr + x];
     plan.target[src] = from_src * n_tiles1;
   } else if (threadIdx.x == 96) {
-    int u = 0;
-    for (int i = 0; i < g.world; ++i) {
-      const int src = (g.rank + i) % g.world;
-      for (int j = 0; j < g.epr; ++j) {
-        plan.perm_base[i * g.epr + j] = u;
-        u += (cnt[src * g.experts + g.rank * g.epr + j] + kChunkRows - 1) / kChunkRows;
-      }
-    }
-    plan.perm_base[g.world * g.epr] = u;
+    DispatchPlan{cnt, g.world, g.experts}.permute_bases(g.rank, kChunkRows, plan.perm_base);
   } else if (threadIdx.x == 32) {
     int64_t rows = 0;
     for (int i = 0; i < g.experts; ++i) {
@@ -299,7 +291,6 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   int64_t num_tokens = 0;            // this rank's
   E* gath[kMaxMoeRanks] = {};        // every rank's gathered tokens [W][max_tokens][H]
   const int32_t* counts = nullptr;   // local [W][E]
-  const int64_t* row_prefix = nullptr;
   const int* perm_base = nullptr;
   const int2* row_src_local = nullptr;
   E* recv_local = nullptr;
@@ -326,19 +317,11 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       if (tid == 0) comm::notify(sig, p, geo.gather_flag(geo.rank, c), e);
     }
     const int units = perm_base[geo.world * geo.epr];
+    const DispatchPlan plan{counts, geo.world, geo.experts};
     for (int64_t u = cta; u < units; u += num_ctas) {
-      int lo = 0, hi = geo.world * geo.epr;  // largest q with perm_base[q] <= u
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (perm_base[mid] <= u) lo = mid;
-        else hi = mid;
-      }
-      const int i = lo / geo.epr, j = lo % geo.epr, src = (geo.rank + i) % geo.world, xg = geo.rank * geo.epr + j;
-      const int64_t c = u - perm_base[lo];
-      int64_t first = row_prefix[j];  // the (src, xg) block: after the sources rotated before src
-      for (int i2 = 0; i2 < i; ++i2) first += counts[((geo.rank + i2) % geo.world) * geo.experts + xg];
-      const int64_t r0 = first + c * kChunkRows;
-      const int64_t rows = min(int64_t(kChunkRows), counts[src * geo.experts + xg] - c * kChunkRows);
+      const DispatchPlan::PermuteUnit pu = plan.permute_unit(geo.rank, perm_base, u, kChunkRows);
+      const int src = pu.src, xg = pu.expert;
+      const int64_t c = pu.chunk, r0 = pu.row0, rows = pu.rows;
       if (src != geo.rank) {
         if (tid == 0) {
           int64_t t_lo = INT64_MAX, t_hi = -1;
@@ -893,7 +876,6 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
       epi.num_tokens = num_tokens;
       for (int r = 0; r < s.geo.world; ++r) epi.gath[r] = static_cast<E*>(s.gath->peer(r));
       epi.counts = counts_local;
-      epi.row_prefix = s.plan.row_prefix;
       epi.perm_base = s.plan.perm_base;
       epi.row_src_local = static_cast<const int2*>(s.row_src->local());
       epi.recv_local = static_cast<E*>(s.recv->local());

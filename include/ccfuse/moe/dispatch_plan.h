@@ -71,6 +71,45 @@ struct DispatchPlan {
       begin = end;
     }
   }
+
+  // All-gather mode (MoeDispatch::kAllGather, docs/moe-layers.md): receiver `dest` copies its
+  // rows into place itself, in units of up to `unit_rows` rows of one (source, expert) block,
+  // ordered by source rotated from dest (its own tokens first), then local expert, then chunk.
+  // permute_bases: base[i * E_local + j] = first unit of the i-th rotated source's block of local
+  // expert j; base[W * E_local] = all units.
+  CCFUSE_HD void permute_bases(int dest, int unit_rows, int* base) const {
+    const int epr = experts_per_rank();
+    int u = 0;
+    for (int i = 0; i < world_size; ++i)
+      for (int j = 0; j < epr; ++j) {
+        base[i * epr + j] = u;
+        u += int((count((dest + i) % world_size, dest * epr + j) + unit_rows - 1) / unit_rows);
+      }
+    base[world_size * epr] = u;
+  }
+  struct PermuteUnit {
+    int src, expert;      // source rank, global expert
+    int64_t chunk;        // index of the unit inside its block
+    int64_t row0, rows;   // its rows in dest's buffer
+  };
+  // Unit u (< base[W * E_local]) of receiver dest.
+  CCFUSE_HD PermuteUnit permute_unit(int dest, const int* base, int64_t u, int unit_rows) const {
+    const int epr = experts_per_rank();
+    int lo = 0, hi = world_size * epr;  // the largest q with base[q] <= u: a block with units
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (base[mid] <= u) lo = mid;
+      else hi = mid;
+    }
+    PermuteUnit p;
+    p.src = (dest + lo / epr) % world_size;
+    p.expert = dest * epr + lo % epr;
+    p.chunk = u - base[lo];
+    p.row0 = block_begin(p.src, p.expert) + p.chunk * unit_rows;
+    const int64_t left = count(p.src, p.expert) - p.chunk * unit_rows;
+    p.rows = left < unit_rows ? left : unit_rows;
+    return p;
+  }
 };
 
 // Source-side positions: entry (token * k + slot) of source `src` with expert e goes to row

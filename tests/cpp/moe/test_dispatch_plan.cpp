@@ -155,6 +155,48 @@ TEST(DispatchPlan, TileSourcesCoverExactlyTheTilesBlocks) {
   }
 }
 
+// All-gather mode: the receiver's permute units (permute_bases, permute_unit: the device code's
+// functions) cover each of its (source, expert) blocks exactly, in rows of at most unit_rows,
+// its own tokens' blocks first, chunks of a block in order; and each unit's rows are the rows
+// the receiver's layout gives that block.
+TEST(DispatchPlan, AllGatherPermuteUnitsCoverEveryBlockOnce) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (int w : {1, 2, 3, 4, 8})
+    for (int unit_rows : {1, 7, 128}) {
+      const World x = make_world(rng, w, 3, 4, w % 2 == 0);
+      const DispatchPlan plan = x.plan();
+      const int epr = plan.experts_per_rank();
+      for (int d = 0; d < w; ++d) {
+        std::vector<int> base(size_t(w * epr + 1));
+        plan.permute_bases(d, unit_rows, base.data());
+        std::vector<int> covered(size_t(plan.rank_rows(d)), 0);
+        const int64_t first_row = plan.expert_begin(d * epr);
+        bool others_started = false;
+        int64_t prev_chunk = -1;
+        int prev_block = -1;
+        for (int64_t u = 0; u < base[size_t(w * epr)]; ++u) {
+          const DispatchPlan::PermuteUnit pu = plan.permute_unit(d, base.data(), u, unit_rows);
+          ASSERT_EQ(plan.owner(pu.expert), d);
+          ASSERT_GT(pu.rows, 0) << "unit " << u;
+          ASSERT_LE(pu.rows, unit_rows);
+          EXPECT_EQ(pu.row0, plan.block_begin(pu.src, pu.expert) + pu.chunk * unit_rows);
+          EXPECT_LE(pu.chunk * unit_rows + pu.rows, plan.count(pu.src, pu.expert));
+          if (pu.src != d) others_started = true;
+          EXPECT_FALSE(others_started && pu.src == d) << "the receiver's own tokens come first";
+          const int block = pu.src * x.experts + pu.expert;
+          if (block == prev_block) EXPECT_EQ(pu.chunk, prev_chunk + 1);
+          else EXPECT_EQ(pu.chunk, 0);
+          prev_block = block;
+          prev_chunk = pu.chunk;
+          for (int64_t r = pu.row0; r < pu.row0 + pu.rows; ++r) ++covered[size_t(r - first_row)];
+        }
+        for (size_t r = 0; r < covered.size(); ++r) ASSERT_EQ(covered[r], 1) << "rank " << d << " row " << r;
+      }
+    }
+}
+
 TEST(DispatchPlan, BadInputNamesTheRule) {
   const std::vector<int32_t> counts = {1, 0, 0, 0};  // W = 2, E = 2: source 0 sends one row to expert 0
   const DispatchPlan plan{counts.data(), 2, 2};
