@@ -312,7 +312,8 @@ namespace {
 // leaves the counters it used at zero and touches no other, so the counters stay zero whatever
 // the problem (partials and counters sharing one buffer would not: one problem's partials lie
 // where another's counters are).
-void* cached_buffer(int which, size_t bytes) {
+// With may_grow false, null when the buffer is smaller than `bytes` (nothing allocated).
+void* cached_buffer(int which, size_t bytes, bool may_grow) {
   static std::mutex mu;
   static std::vector<std::pair<void*, size_t>> per_device[2];
   int dev = 0;
@@ -322,6 +323,7 @@ void* cached_buffer(int which, size_t bytes) {
   if (buffers.size() <= size_t(dev)) buffers.resize(size_t(dev) + 1, {nullptr, 0});
   auto& slot = buffers[size_t(dev)];
   if (slot.second < bytes) {
+    if (!may_grow) return nullptr;
     if (slot.first != nullptr) CCFUSE_CUDA_CHECK(cudaFree(slot.first));
     slot = {nullptr, 0};
     CCFUSE_CUDA_CHECK(cudaMalloc(&slot.first, bytes));
@@ -350,8 +352,22 @@ void run(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b,
       fx.counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + partial_bytes);
       CCFUSE_CUDA_CHECK(cudaMemsetAsync(fx.counters, 0, counter_bytes, s));
     } else {
-      fx.partials = static_cast<float*>(cached_buffer(0, partial_bytes));
-      fx.counters = static_cast<int*>(cached_buffer(1, counter_bytes));
+      // The library's buffers cannot be allocated while the stream is being captured into a CUDA
+      // graph: then, when they are too small, the tiles run whole (same product; the sums of a
+      // tile's k-blocks in one CTA instead of parts).
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      CCFUSE_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+      const bool may_grow = capture == cudaStreamCaptureStatusNone;
+      fx.partials = static_cast<float*>(cached_buffer(0, partial_bytes, may_grow));
+      fx.counters = static_cast<int*>(cached_buffer(1, counter_bytes, may_grow));
+      if (fx.partials == nullptr || fx.counters == nullptr) {
+        GemmConfig whole = cfg;
+        whole.split_k = 1;
+        whole.stream_k = false;
+        if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, whole, a, b, c, Fixup{}, s);
+        else launch_dtype<cutlass::half_t>(d, whole, a, b, c, Fixup{}, s);
+        return;
+      }
     }
   }
   if (d.dtype == DType::kBFloat16) launch_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, fx, s);

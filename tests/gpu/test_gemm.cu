@@ -282,6 +282,50 @@ TEST(GemmStreamK, RepeatedCallsCallerWorkspaceAndGraphReplays) {
   CCFUSE_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// Captured into a CUDA graph before the library's split-K buffers are big enough (they cannot
+// grow during a capture): run() falls back to whole tiles, and the replays are correct. The
+// problem needs 256 MiB of partials (2048x2048 in 128x128 tiles, 16 parts), more than any other
+// test here, so the buffers are too small whatever ran before.
+TEST(GemmSplitK, CapturedBeforeItsBuffersExistFallsBackToWholeTiles) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const GemmDesc d = make_desc(2048, 2048, 8192, DType::kBFloat16, BLayout::kNK);
+  GemmConfig cfg = choose_config(d, 0);
+  cfg.block_n = 128;
+  cfg.stages = 5;
+  cfg.tma_store = true;
+  cfg.stream_k = false;
+  cfg.split_k = 16;
+  cfg.cluster_m = 1;
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
+  Problem prob(d, seed);
+  cudaStream_t s = nullptr;
+  CCFUSE_CUDA_CHECK(cudaStreamCreate(&s));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CCFUSE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  run(d, cfg, prob.a, prob.b, prob.c, s);
+  CCFUSE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 2; ++i) {
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(prob.c, 0xff, size_t(d.m * d.n) * 2, s));
+    CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
+    const double err = prob.rel_err();
+    EXPECT_LE(err, 1e-2) << "replay " << i;
+    EXPECT_GT(err, 0.0);
+  }
+  CCFUSE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CCFUSE_CUDA_CHECK(cudaGraphDestroy(graph));
+  // Outside a capture the same call grows the buffers and runs split.
+  CCFUSE_CUDA_CHECK(cudaMemsetAsync(prob.c, 0xff, size_t(d.m * d.n) * 2, s));
+  run(d, cfg, prob.a, prob.b, prob.c, s);
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  EXPECT_LE(prob.rel_err(), 1e-2);
+  CCFUSE_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 TEST(GemmValidation, RejectsWhatTmaCannotTake) {
   GemmDesc d;
   d.m = 128;

@@ -99,8 +99,10 @@ std::string to_string(const GemmConfig& config);
 // Runs C = A @ B on `stream`. Pointers must be 16-byte aligned (checked). With split_k > 1 or
 // stream_k the fp32 partials and the tiles' counters need workspace_bytes(desc, config) bytes:
 // `workspace` (16-byte aligned device memory; its counters are zeroed on the stream before the
-// kernel), or, when it is null, a per-device buffer the library grows on first use (a cudaMalloc
-// then: make one call before capturing a CUDA graph, or pass a workspace).
+// kernel), or, when it is null, per-device buffers the library grows on first use (a cudaMalloc
+// then). While the stream is being captured into a CUDA graph they cannot grow: a call whose
+// buffers are too small then runs its tiles whole (correct, without the split). Make one call
+// before capturing, or pass a workspace, to keep the split in the graph.
 void run(const GemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c, void* stream,
          void* workspace = nullptr);
 size_t workspace_bytes(const GemmDesc& desc, const GemmConfig& config);
