@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_tma]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -177,6 +177,24 @@ if [[ " $what " == *" hooks "* ]]; then
   timeout 200 $BIN/ccfuse_gemm_hooks_bench --iters 20 --json "$OUT/gemm_hooks.jsonl" 2>&1 | tee "$OUT/gemm_hooks.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("gemm hooks bench: rc=$rc")
+fi
+if [[ " $what " == *" grouped_tma "* ]]; then
+  # EXPERIMENT (written 2026-11-30, not yet run): the grouped GEMM with the TMA-store epilogue
+  # (CCFUSE_GROUPED_TMA_STORE=1; a group's cut last tile still from registers) on the same 37 MoE
+  # cases, merged with the torch records of the grouped section (run "grouped" first in the same
+  # call): the small-K cases (Qwen3 down, K = 768) are where the register epilogue costs most.
+  : > "$OUT/grouped_tma.jsonl"; : > "$OUT/grouped_tma.log"
+  while read -r args; do
+    CCFUSE_GROUPED_TMA_STORE=1 timeout 120 $BIN/ccfuse bench --op grouped_gemm $args --dtype bf16 --iters 10 \
+      --json "$OUT/grouped_tma.jsonl" < /dev/null >> "$OUT/grouped_tma.log" 2>&1 || status=1
+  done < <(python3 tools/moe_grouped.py --only "${CCFUSE_GROUPED_ONLY:-}")
+  if [ -s "$OUT/grouped_torch.jsonl" ]; then
+    python3 tools/merge_peer.py "$OUT/grouped_tma.jsonl" "$OUT/grouped_torch.jsonl" --out "$OUT/grouped_tma_merged.jsonl" \
+      --table > "$OUT/grouped_tma_summary.log" 2>&1 || status=1
+    summary+=("grouped TMA-store: $(grep -m1 '^geomean' "$OUT/grouped_tma_summary.log")")
+  else
+    summary+=("grouped TMA-store: $(wc -l < "$OUT/grouped_tma.jsonl") records (no torch records: run grouped first)")
+  fi
 fi
 if [[ " $what " == *" router "* ]]; then
   # MoE router + layout on GPU 0 (docs/moe-router-gpu.md): the GPU tests against the CPU reference,

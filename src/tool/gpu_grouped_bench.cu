@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -166,7 +167,13 @@ DeviceInfo device_info() {
 }
 
 gemm::GemmConfig config_of(const gemm::GroupedGemmDesc& desc, const DeviceInfo& dev) {
-  const gemm::GemmConfig cfg = gemm::choose_config(desc, dev.sms);
+  gemm::GemmConfig cfg = gemm::choose_config(desc, dev.sms);
+  // EXPERIMENT (written 2026-11-30, not yet run): CCFUSE_GROUPED_TMA_STORE=1 gives the chosen
+  // tile the TMA-store epilogue (whole tiles by TMA, a group's cut last tile from registers).
+  if (const char* v = std::getenv("CCFUSE_GROUPED_TMA_STORE"); v != nullptr && std::string(v) == "1") {
+    cfg.tma_store = true;
+    cfg.stages = cfg.block_n == 256 ? 3 : 5;
+  }
   gemm::validate(desc, cfg);  // bad shapes are bad input (exit code 2)
   return cfg;
 }

@@ -911,10 +911,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (w.fixup_tile >= 0 && !fixup_sum<Traits>(sched, ss, accum, consumer_idx, w)) continue;  // not the last part
       }
       if constexpr (Traits::kTmaStore) {
-        static_assert(tma_store_ok<Schedule>::value && tma_store_ok<Epilogue>::value,
-                      "the TMA-store epilogue needs tiles clipped only at M and plain stores to the local C "
-                      "(Schedule::kTmaStoreOk, Epilogue::kTmaStoreOk)");
-        store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
+        static_assert(tma_store_ok<Epilogue>::value,
+                      "the TMA-store epilogue needs plain stores to the local C (Epilogue::kTmaStoreOk)");
+        if constexpr (tma_store_ok<Schedule>::value) {
+          store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
+        } else if (w.row0 + Traits::kBlockM <= w.row_end) {
+          // Schedules whose tiles may be cut short of M (a group's end, GroupedSchedule): whole
+          // tiles through TMA; a cut tile from registers, since TMA would also write the rows
+          // after its end, which belong to the next group (the same for every consumer thread).
+          store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
+        } else {
+          store_tile<Traits>(p, epi, accum, consumer_idx, w);
+        }
       } else {
         store_tile<Traits>(p, epi, accum, consumer_idx, w);
       }
