@@ -399,7 +399,8 @@ const char* const kUsage =
     "  --print-config: the MoE tuner's choice (moe_tuner.h) and why, per case, then exit; no GPU needed.\n"
     "  Env overrides of the tuner (A/B runs): CCFUSE_MOE_COMBINE=presum|perslot,\n"
     "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n"
-    "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n";
+    "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n"
+    "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {
@@ -632,9 +633,11 @@ int main(int argc, char** argv) {
               cfg.check_routing = false;  // its host sync would be timed (the routing is valid by construction)
               cfg.combine = choice.combine == "presum" ? moe::MoeCombine::kPresum : moe::MoeCombine::kPerSlot;
               cfg.interleave_sends = choice.send_order == "interleaved";
-              // CCFUSE_MOE_DISPATCH_MODE=allgather: the all-gather dispatch (EXPERIMENT, not chosen by the tuner yet).
+              // CCFUSE_MOE_DISPATCH_MODE=allgather: the all-gather dispatch (opt-in: measured slower).
               cfg.dispatch = env_or("CCFUSE_MOE_DISPATCH_MODE", "") == "allgather" ? moe::MoeDispatch::kAllGather
                                                                                    : moe::MoeDispatch::kAllToAll;
+              // CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store from registers (A/B).
+              cfg.tma_store = env_or("CCFUSE_MOE_TMA_STORE", "") != "0";
               moe::MoeFfn ffn(team, desc, cfg);
               CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",
                            max_rows);

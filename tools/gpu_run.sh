@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_tma]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -178,22 +178,22 @@ if [[ " $what " == *" hooks "* ]]; then
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("gemm hooks bench: rc=$rc")
 fi
-if [[ " $what " == *" grouped_tma "* ]]; then
-  # EXPERIMENT (written 2026-11-30, not yet run): the grouped GEMM with the TMA-store epilogue
-  # (CCFUSE_GROUPED_TMA_STORE=1; a group's cut last tile still from registers) on the same 37 MoE
-  # cases, merged with the torch records of the grouped section (run "grouped" first in the same
-  # call): the small-K cases (Qwen3 down, K = 768) are where the register epilogue costs most.
+if [[ " $what " == *" grouped_regs "* ]]; then
+  # A/B: the grouped GEMM with every tile stored from registers (CCFUSE_GROUPED_TMA_STORE=0, the
+  # rule before 2026-11-30; the default stores whole tiles through TMA) on the same 37 MoE cases,
+  # merged with the torch records of the grouped section (run "grouped" first in the same call).
+  # The files keep their first name (grouped_tma*: the 2026-11-30 run had TMA as the variant).
   : > "$OUT/grouped_tma.jsonl"; : > "$OUT/grouped_tma.log"
   while read -r args; do
-    CCFUSE_GROUPED_TMA_STORE=1 timeout 120 $BIN/ccfuse bench --op grouped_gemm $args --dtype bf16 --iters 10 \
+    CCFUSE_GROUPED_TMA_STORE=0 timeout 120 $BIN/ccfuse bench --op grouped_gemm $args --dtype bf16 --iters 10 \
       --json "$OUT/grouped_tma.jsonl" < /dev/null >> "$OUT/grouped_tma.log" 2>&1 || status=1
   done < <(python3 tools/moe_grouped.py --only "${CCFUSE_GROUPED_ONLY:-}")
   if [ -s "$OUT/grouped_torch.jsonl" ]; then
     python3 tools/merge_peer.py "$OUT/grouped_tma.jsonl" "$OUT/grouped_torch.jsonl" --out "$OUT/grouped_tma_merged.jsonl" \
       --table > "$OUT/grouped_tma_summary.log" 2>&1 || status=1
-    summary+=("grouped TMA-store: $(grep -m1 '^geomean' "$OUT/grouped_tma_summary.log")")
+    summary+=("grouped register epilogue: $(grep -m1 '^geomean' "$OUT/grouped_tma_summary.log")")
   else
-    summary+=("grouped TMA-store: $(wc -l < "$OUT/grouped_tma.jsonl") records (no torch records: run grouped first)")
+    summary+=("grouped register epilogue: $(wc -l < "$OUT/grouped_tma.jsonl") records (no torch records: run grouped first)")
   fi
 fi
 if [[ " $what " == *" router "* ]]; then
@@ -271,15 +271,18 @@ if [[ " $what " == *" moe_ab "* ]]; then
   # the interleaved and the owner-major send order everywhere, each merged with the serial baseline of the same call
   # (run "moe" first in the same call, e.g. `gpu_run.sh moe moe_ab`).
   # default = the MoE tuner's choice per case (moe_tuner.h); the others force one setting.
-  # allgather (EXPERIMENT, written 2026-11-30): layer 0's all-gather dispatch, the tuner's other choices.
-  # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default allgather").
-  for variant in ${CCFUSE_MOE_AB_VARIANTS:-default perslot interleave owner allgather}; do
-    combine=""; order=""; mode=""
+  # allgather: layer 0's all-gather dispatch, the tuner's other choices (measured 2026-11-30:
+  # slower than all-to-all on every case; opt-in). regstore: the layers' grouped GEMMs store from
+  # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30).
+  # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default regstore").
+  for variant in ${CCFUSE_MOE_AB_VARIANTS:-default regstore perslot interleave owner}; do
+    combine=""; order=""; mode=""; tma=""
     [[ $variant == *perslot* ]] && combine=perslot
+    [[ $variant == regstore ]] && tma=0
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
     [[ $variant == allgather ]] && mode=allgather
-    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
@@ -375,7 +378,7 @@ PY
   summary+=("gemm stream-K diagnosis: gemm_streamk_summary.log")
 fi
 if [[ " $what " == *" gemm_n192 "* ]]; then
-  # EXPERIMENT (written 2026-11-30, not yet run): the 128x192 TMA-store tile (CCFUSE_GEMM_TILE_N=192)
+  # The 128x192 TMA-store tile (CCFUSE_GEMM_TILE_N=192; measured 2026-11-30, now chosen by the model)
   # against the engine's choice and cuBLASLt, on the sweep shapes where 192-column tiles fill the
   # waves better than 128 or 256 (docs/perf-notes.md), and controls (two large shapes among them).
   gemm_ab gemm_n192 CCFUSE_GEMM_TILE_N 192 "1024 3072 4096" "4096 768 4096" "1024 2560 8192" "4096 1536 4096" \

@@ -36,10 +36,11 @@ constexpr TileShape kTmaStoreShape = {128, 256, 64, 3};
 // without the register epilogue's ~5.7 us (measured 2026-11-30: +5-12 points of cuBLASLt on the
 // shapes with >= 2 waves of tiles). 5 stages: 5 x 32 KiB of A/B + 32 KiB of C staging.
 constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
-// EXPERIMENT (written 2026-11-30, not yet run on a GPU; docs/perf-notes.md): a 192-column
-// TMA-store tile, for problems whose 128- and 256-column tiles fill the waves badly (cuBLASLt
-// shapes its tiles to the wave there). 4 stages: 4 x 40 KiB of A/B + 48 KiB of C staging.
-// choose_config does not pick it until it is measured.
+// The 192-column TMA-store tile, for problems whose 128- and 256-column tiles fill the waves badly
+// (cuBLASLt shapes its tiles to the wave there). 4 stages: 4 x 40 KiB of A/B + 48 KiB of C
+// staging. Measured 2026-11-30 against the chosen tile: 1024x3072x4096 80 -> 98 %, 4096x768x4096
+// 80 -> 98 %, 1024x2560x8192 69 -> 92 % of cuBLASLt; 8192x14336x8192 100 -> 109 %; half a wave
+// (1024x1536x4096) 79 -> 60 %.
 constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
 
 template <class Traits>
@@ -81,7 +82,7 @@ void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
   else launch_grouped<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, rows, ws, overflow, s);
 }
 
-// The grouped GEMM's tile shapes, per dtype (the TMA-store epilogue: EXPERIMENT, opt-in).
+// The grouped GEMM's tile shapes, per dtype (the TMA-store epilogue: the default where C's rows are 16-byte aligned).
 template <class E>
 void grouped_dtype(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                    const int* rows, void* ws, int* overflow, cudaStream_t s) {
@@ -226,14 +227,18 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   //   whole tiles   ceil(tiles / sms) waves x k_tiles x (block_n / 128) / efficiency
   //   stream-K      (whole-tile waves x k_tiles + ceil(cut iterations / CTAs) + fixup) / efficiency
   // Efficiencies measured against each other (docs/perf-notes.md): with the TMA-store epilogue
-  // 128x256 1.0 and 128x128 0.96 (2026-11-30: 93-97 % of cuBLASLt where its tiles fill the SMs);
-  // with the register epilogue (ldc not 16-byte aligned) 128x128 at 0.92 of 128x256. A cut tile's fixup (its partials through L2, the last
-  // part's sum) is priced at 4 k-blocks, and stream-K would have to win by 5 % over whole tiles to
-  // be chosen; it is not chosen at all while it measures slower (kPickStreamK).
+  // 128x256 1.0, 128x128 0.96 (2026-11-30: 93-97 % of cuBLASLt where its tiles fill the SMs) and
+  // 128x192 1.03 (2026-11-30: 0.92-1.10 of the model's wide-tile time on 8 shapes; its 4 stages
+  // against 3 keep the tensor cores fed better on long K); with the register epilogue (ldc not
+  // 16-byte aligned) 128x128 at 0.92 of 128x256. A cut tile's fixup (its partials through L2,
+  // the last part's sum) is priced at 4 k-blocks, and stream-K would have to win by 5 % over
+  // whole tiles to be chosen; it is not chosen at all while it measures slower (kPickStreamK).
   const int sms = num_sms > 0 ? num_sms : current_device_sms();
-  // Grouped GEMMs store from registers (a tile's rows may cross groups) and have no stream-K;
-  // their rule is the one they were measured with (128x128 at 0.88 of 128x256).
-  const bool tma_ok = !grouped && ldc_of(d) % (16 / dtype_size(d.dtype)) == 0;
+  // Grouped GEMMs: the TMA-store epilogue on 128x256 and 128x128 (a group's cut last tile from
+  // registers; measured 2026-11-30: 100.4 -> 115.8 % of the best of cuBLAS grouped and torch
+  // over the 37 MoE cases), no 192 tile, no split-K or stream-K; 128x128 at 0.88 of 128x256 (the
+  // rule they were measured with).
+  const bool tma_ok = ldc_of(d) % (16 / dtype_size(d.dtype)) == 0;
   const int64_t k_tiles = ceil_div(d.k, 64);
   struct Option {
     TileShape t;
@@ -245,11 +250,16 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape wide = tma_ok ? kTmaStoreShape : kTileShapes[0];
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
-  const double eff_wide = 1.0, eff_narrow = tma_ok ? 0.96 : (grouped ? 0.88 : 0.92);
+  const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 1.03;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
-  if (tma_ok && k_tiles >= 4) {
+  if (tma_ok && !grouped) {
+    const Option whole_192{kTmaStoreN192Shape, true, false,
+                           waves(tiles_of(kTmaStoreN192Shape)) * double(k_tiles) * 1.5 / eff_192};
+    if (whole_192.time < best.time * (1 - 1e-9)) best = whole_192;
+  }
+  if (tma_ok && !grouped && k_tiles >= 4) {
     const StreamKPlan sk = make_stream_k_plan(tiles_of(narrow), int(k_tiles), sms);
     constexpr double kFixup = 4.0;
     const double iters = double(sk.dp_tiles / sms) * double(k_tiles) +
@@ -266,7 +276,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // 2026-11-30 on 1024x768x4096: 26.7 -> 21.9 us, 62 -> 78 % of cuBLASLt; in 3 parts, or where
   // the parts take two waves, slower than whole tiles).
   bool split2 = false;
-  if (tma_ok && 2 * tiles_of(narrow) <= sms && k_tiles >= 32) {
+  if (tma_ok && !grouped && 2 * tiles_of(narrow) <= sms && k_tiles >= 32) {
     const double t = (double(ceil_div(k_tiles, 2)) + 20.0) / eff_narrow;
     if (t < 0.95 * best.time) {
       best = Option{narrow, true, false, t};
@@ -392,8 +402,7 @@ GemmDesc as_plain(const GroupedGemmDesc& d) { return make_desc(d.max_rows, d.n, 
 void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
-  // TMA-store epilogue (EXPERIMENT, written 2026-11-30, not yet run; choose_config does not pick
-  // it): whole tiles through TMA, tiles cut by their group's end from registers.
+  // TMA-store epilogue: whole tiles through TMA, tiles cut by their group's end from registers.
   CCFUSE_ARG_CHECK(!cfg.tma_store || cfg.block_n != 192, "tma_store in the grouped GEMM is built for the "
                    "128x256x64/3 and 128x128x64/5 tiles, not 128x192");
   CCFUSE_ARG_CHECK(cfg.split_k == 1, "split_k ", cfg.split_k, " is not supported by the grouped GEMM (1 only)");

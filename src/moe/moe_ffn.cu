@@ -399,6 +399,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
 // owner's slot buffer; per source, the last row-tile releases the source's flag.
 struct L1Epilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> {
   static constexpr bool kHasSendWarps = true;
+  // The send warps read each tile back from y as soon as the consumers hand it over: register
+  // stores only (a TMA store would still be in flight).
+  static constexpr bool kTmaStoreOk = false;
   Geometry geo;
   comm::DeviceSignals sig{};
   const int2* row_src = nullptr;  // local
@@ -753,9 +756,12 @@ std::string MoeFfn::describe() const {
   std::ostringstream os;
   const MoeFfnDesc& d = s_->desc;
   const bool allgather = s_->cfg.dispatch == MoeDispatch::kAllGather;
-  os << "moe_ffn v1 dispatch=" << (allgather ? "allgather(tokens to every rank, local permute; EXPERIMENT)" : "alltoall")
+  os << "moe_ffn v1 dispatch=" << (allgather ? "allgather(tokens to every rank, local permute; opt-in)" : "alltoall")
      << (!allgather && s_->geo.interleaved ? "(send order interleaved)" : "")
-     << " block=128x256x64 stages=4 chunk_rows=" << kChunkRows
+     << (s_->cfg.tma_store ? " block=128x256x64 stages=3 epilogue=tma_store(layer0"
+                           : " block=128x256x64 stages=4 epilogue=registers")
+     << (s_->cfg.tma_store ? (s_->cfg.combine == MoeCombine::kPresum ? ",layer1)" : ";layer1 registers)") : "")
+     << " chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
      << (s_->cfg.combine == MoeCombine::kPresum
@@ -777,6 +783,24 @@ void launch(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void*
             const Epi& epi, int sms, int groups, cudaStream_t stream) {
   const int64_t ldb = Traits::kBNK ? k : n;
   gemm::sm90::launch_gemm<Traits>(m, n, k, a, k, b, ldb, c, ldc, sched, epi, sms, stream, groups, n * k);
+}
+
+// The layers' grouped GEMMs: 128x256x64 tiles, B [N, K] (nk) or [K, N]; through the TMA-store
+// epilogue (3 stages: its 64 KiB staging buffer) when `tma` and the epilogue allows it, else from
+// registers (4 stages).
+template <class Schedule, class Epi>
+void launch_layer(bool nk, bool tma, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c,
+                  int64_t ldc, const Schedule& sched, const Epi& epi, int sms, int groups, cudaStream_t stream) {
+  using gemm::sm90::Traits;
+  if constexpr (gemm::sm90::tma_store_ok<Epi>::value) {
+    if (tma) {
+      if (nk) launch<Traits<E, 128, 256, 64, 3, true, 1, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
+      else launch<Traits<E, 128, 256, 64, 3, false, 1, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
+      return;
+    }
+  }
+  if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
+  else launch<Traits<E, 128, 256, 64, 4, false>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
 }
 }  // namespace
 
@@ -882,18 +906,17 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     }
   };
   using gemm::sm90::Activation;
-  using gemm::sm90::Traits;
   const bool nk = d.b_layout == gemm::BLayout::kNK;
   if (d.swiglu) {
     L0Epilogue<Activation::kSiluMul> epi;
     fill(epi);
-    if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
-    else launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
+    launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi,
+                 sms, s.geo.epr, stream);
   } else {
     L0Epilogue<Activation::kNone> epi;
     fill(epi);
-    if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
-    else launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi, sms, s.geo.epr, stream);
+    launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi,
+                 sms, s.geo.epr, stream);
   }
   CCFUSE_CUDA_CHECK_LAUNCH();
 }
@@ -913,11 +936,8 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
   gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> epi;
   epi.scale = static_cast<const float*>(s.row_w->local());
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : dev_sms;
-  using gemm::sm90::Traits;
-  if (d.b_layout == gemm::BLayout::kNK)
-    launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
-  else
-    launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
+  launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden,
+               sched, epi, sms, s.geo.epr, stream);
   CCFUSE_CUDA_CHECK_LAUNCH();
   presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.row_of, static_cast<const E*>(s.y),
                                                  s.partial_peers);
@@ -958,11 +978,8 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   epi.diag_no_send = diag != nullptr && std::strstr(diag, "l1nosend") != nullptr;
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
-  using gemm::sm90::Traits;
-  if (d.b_layout == gemm::BLayout::kNK)
-    launch<Traits<E, 128, 256, 64, 4, true>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
-  else
-    launch<Traits<E, 128, 256, 64, 4, false>>(s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched, epi, sms, s.geo.epr, stream);
+  launch_layer(d.b_layout == gemm::BLayout::kNK, false, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched,
+               epi, sms, s.geo.epr, stream);
   CCFUSE_CUDA_CHECK_LAUNCH();
   int dev_sms = gemm::current_device_sms();
   const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(num_tokens * (d.hidden / 8), 256), 4 * dev_sms)));

@@ -37,7 +37,8 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   std::ostringstream why;
   c.dispatch = "all-to-all";
   c.alltoall_over_allgather_bytes = p.world_size > 1 ? double(p.topk) / double(p.world_size) : 1.0;
-  why << "dispatch all-to-all (the all-gather mode is built on GPUs but not yet measured";
+  why << "dispatch all-to-all (the all-gather mode measured slower on all 18 cases, 1.64x vs 1.72x the serial "
+         "layer: its local permute costs more HBM time than the link bytes it saves at W = 2";
   if (c.alltoall_over_allgather_bytes > 1)
     why << "; it would move " << num(c.alltoall_over_allgather_bytes) << "x fewer dispatch bytes here";
   why << "). ";

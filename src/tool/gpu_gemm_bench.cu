@@ -194,7 +194,7 @@ gemm::GemmDesc desc_of(const Options& o) {
 // The engine's config for the options, validated (bad shapes are bad input: exit code 2).
 // A/B runs (docs/perf-notes.md) replace the engine's choice by one TMA-store tile setting:
 //   CCFUSE_GEMM_TMA_STORE=1  128x256x64/3 whole tiles
-//   CCFUSE_GEMM_TILE_N=192   128x192x64/4 whole tiles (EXPERIMENT, written 2026-11-30, not yet run)
+//   CCFUSE_GEMM_TILE_N=192   128x192x64/4 whole tiles
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {

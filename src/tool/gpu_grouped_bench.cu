@@ -168,11 +168,11 @@ DeviceInfo device_info() {
 
 gemm::GemmConfig config_of(const gemm::GroupedGemmDesc& desc, const DeviceInfo& dev) {
   gemm::GemmConfig cfg = gemm::choose_config(desc, dev.sms);
-  // EXPERIMENT (written 2026-11-30, not yet run): CCFUSE_GROUPED_TMA_STORE=1 gives the chosen
-  // tile the TMA-store epilogue (whole tiles by TMA, a group's cut last tile from registers).
-  if (const char* v = std::getenv("CCFUSE_GROUPED_TMA_STORE"); v != nullptr && std::string(v) == "1") {
-    cfg.tma_store = true;
-    cfg.stages = cfg.block_n == 256 ? 3 : 5;
+  // CCFUSE_GROUPED_TMA_STORE=0 (A/B runs): every tile from registers, the rule before 2026-11-30
+  // (the chosen tile's register-epilogue build: 4 stages for 128x256, 6 for 128x128).
+  if (const char* v = std::getenv("CCFUSE_GROUPED_TMA_STORE"); v != nullptr && std::string(v) == "0" && cfg.tma_store) {
+    cfg.tma_store = false;
+    cfg.stages = cfg.block_n == 256 ? 4 : 6;
   }
   gemm::validate(desc, cfg);  // bad shapes are bad input (exit code 2)
   return cfg;

@@ -89,6 +89,7 @@ struct Case {
   MoeCombine combine = MoeCombine::kPerSlot;  // the per-slot cases name it; presum_* the other
   bool interleave_sends = false;
   MoeDispatch dispatch = MoeDispatch::kAllToAll;
+  bool tma_store = true;  // MoeFfnConfig::tma_store
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -274,6 +275,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     MoeFfnConfig config;
     config.num_sms = c.num_sms;
     config.combine = c.combine;
+    config.tma_store = c.tma_store;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     cudaStream_t s;
@@ -399,9 +401,9 @@ std::vector<Case> cases() {
   inter.route = Route::kUniform;
   inter.combine = MoeCombine::kPresum;
   v.push_back(inter);
-  // The all-gather dispatch (MoeDispatch::kAllGather; EXPERIMENT, written 2026-11-30, not yet
-  // run): both combines, top-1 to top-8, drops, a rank with no tokens, uneven counts past one
-  // 128-token chunk, kNK, and few CTAs (each takes several push and permute units).
+  // The all-gather dispatch (MoeDispatch::kAllGather; opt-in, passed on 2x H200 2026-11-30):
+  // both combines, top-1 to top-8, drops, a rank with no tokens, uneven counts past one 128-token
+  // chunk, kNK, and few CTAs (each takes several push and permute units).
   const auto ag = [&](Case c) {
     c.name = "allgather_" + c.name;
     c.dispatch = MoeDispatch::kAllGather;
@@ -413,6 +415,19 @@ std::vector<Case> cases() {
   ag({"presum_rank0_no_tokens", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {0, 300}, 0, 0, 0, 0, presum});
   ag({"perslot_uneven_nk_zipf_drops", 512, 256, 16, 4, false, BLayout::kNK, Route::kZipf, {250, 40}, 512, 0.1, 0.02});
   ag({"h768_f384_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {300}, 0, 0, 0, 8, presum});
+  // The TMA-store epilogue of the layers' grouped GEMMs (the default since 2026-11-30): ~512 rows
+  // per expert, so most tiles are whole (stored by TMA) and each expert's last one is cut (stored
+  // from registers); SwiGLU and plain, both B layouts, both combines; and the register path.
+  v.push_back({"tma_whole_tiles_swiglu_nk", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0, 0,
+               presum});
+  v.push_back({"tma_whole_tiles_plain_kn_zipf", 512, 256, 4, 2, false, BLayout::kKN, Route::kZipf, {1024, 700}, 0,
+               0.1, 0.02, 0, presum});
+  v.push_back({"tma_whole_tiles_perslot_16sms", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0,
+               16});
+  Case regs{"regstore_whole_tiles_swiglu", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0, 0,
+            presum};
+  regs.tma_store = false;
+  v.push_back(regs);
   return v;
 }
 

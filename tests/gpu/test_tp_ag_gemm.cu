@@ -168,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 2},
                                            // 384 rows per band at W = 2: an odd number of row tiles
                                            Shape{768, 1024, 1024, gemm::BLayout::kNK},
-                                           // PDL after the entry barrier (written 2026-11-30, not yet run):
+                                           // PDL after the entry barrier (passed on 2x H200 2026-11-30):
                                            // TMA-store and register epilogues, A_r in place and not
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  true},

@@ -346,7 +346,7 @@ struct PlainEpilogue {
 // Activation and optional per-row scale on the way to the local C.
 template <Activation kAct_, bool kRowScale>
 struct ActivationEpilogue : PlainEpilogue {
-  static constexpr bool kTmaStoreOk = false;
+  static constexpr bool kTmaStoreOk = true;  // store_tile_tma applies the activation and the scale
   static constexpr Activation kAct = kAct_;
   static constexpr bool kHasRowScale = kRowScale;
   const float* scale = nullptr;  // [rows of C] when kRowScale
@@ -455,18 +455,32 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
 // staging buffer, write this tile's values into it (swizzled: the 8 rows a warp writes at once
 // fall in 8 different 16-byte chunks, no bank conflicts), make them visible to the async proxy,
 // and let consumer thread 0 issue one TMA store per 64-column sub-tile (rows and columns past M, N
-// are clipped by TMA). Same fragment layout as store_tile.
-template <class Traits, class Storage, class TmaC, class Accum>
-__device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, Storage& ss, const TmaC& tma_c,
-                                               const Accum& accum, int consumer_idx, const TileWork& w) {
+// are clipped by TMA). Same fragment layout and the same epilogue arithmetic as store_tile:
+// the activation (SiLU-and-mul halves the tile's columns: gate | up halves of the tile, as in
+// store_tile) and the per-row scale, in fp32, before the one rounding to the output type.
+template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
+__device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                               Storage& ss, const TmaC& tma_c, const Accum& accum, int consumer_idx,
+                                               const TileWork& w) {
   using Element = typename Traits::Element;
   constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
+  constexpr int kOutCols = kGlu ? kBN / 2 : kBN;  // output columns of one tile
+  static_assert(kOutCols % kSub == 0, "whole 64-column TMA boxes per tile");
   constexpr int kThreads = 128 * Traits::kConsumerWGs;
+  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
+  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
+  float scale[2] = {1.f, 1.f};
+  if constexpr (Epilogue::kHasRowScale) {
+    // Rows past M (the last tile of a plain problem) are clipped by TMA; their scale is not read.
+    const int64_t rows = min_i64(w.row_end, p.m) - w.row0;
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      if (row + 8 * h < rows) scale[h] = epi.row_scale(w.row0 + row + 8 * h);
+  }
   if (consumer_idx == 0) tma_store_wait<0>();  // the previous tile's stores have read the buffer
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
   Tensor sC = make_tensor(make_smem_ptr(ss.c), typename Traits::SmemLayoutC{});  // (BM, 64, BN / 64)
-  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
-  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
   const int c0 = 2 * (lane % 4);
   // The swizzled address of (row, col) by hand (sC's layout evaluated per element spilled): the
   // 1 KiB-aligned buffer holds BN / 64 sub-tiles of BM rows x 128 bytes, and the 128-byte swizzle
@@ -476,15 +490,27 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   char* const c_bytes = reinterpret_cast<char*>(ss.c);
   const int r8 = row % 8;  // = (row + 8) % 8
   CUTE_UNROLL
-  for (int j = 0; j < kBN / 8; ++j) {
+  for (int j = 0; j < kOutCols / 8; ++j) {
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
+      float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
+      if constexpr (kGlu) {
+        v0 = silu(v0) * accum(4 * (j + kBN / 16) + 2 * h);
+        v1 = silu(v1) * accum(4 * (j + kBN / 16) + 2 * h + 1);
+      } else if constexpr (Epilogue::kAct == Activation::kGelu) {
+        v0 = gelu_erf(v0);
+        v1 = gelu_erf(v1);
+      }
+      if constexpr (Epilogue::kHasRowScale) {
+        v0 *= scale[h];
+        v1 *= scale[h];
+      }
       uint32_t bits;
       if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(accum(4 * j + 2 * h), accum(4 * j + 2 * h + 1));
+        __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
         bits = *reinterpret_cast<uint32_t*>(&v);
       } else {
-        __half2 v = __floats2half2_rn(accum(4 * j + 2 * h), accum(4 * j + 2 * h + 1));
+        __half2 v = __floats2half2_rn(v0, v1);
         bits = *reinterpret_cast<uint32_t*>(&v);
       }
       // col = c0 + 8j is even: the pair stays inside one 16-byte chunk of the swizzled row.
@@ -496,13 +522,14 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
   if (consumer_idx == 0) {
-    Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, p.n));
+    const int out_n = kGlu ? p.n / 2 : p.n;  // the C tensor's columns (launch_gemm's tma_c)
+    Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, out_n));
     Tensor gC = local_tile(domain_offset(make_coord(int(w.row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
                            make_coord(0, _));  // (BM, 64, N / 64)
     auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
     CUTE_UNROLL
-    for (int s = 0; s < kBN / kSub; ++s)
-      if (w.n_tile * kBN + s * kSub < p.n) copy(tma_c, tCsC(_, s), tCgC(_, w.n_tile * (kBN / kSub) + s));
+    for (int s = 0; s < kOutCols / kSub; ++s)
+      if (w.n_tile * kOutCols + s * kSub < out_n) copy(tma_c, tCsC(_, s), tCgC(_, w.n_tile * (kOutCols / kSub) + s));
     tma_store_arrive();
   }
 }
@@ -914,12 +941,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         static_assert(tma_store_ok<Epilogue>::value,
                       "the TMA-store epilogue needs plain stores to the local C (Epilogue::kTmaStoreOk)");
         if constexpr (tma_store_ok<Schedule>::value) {
-          store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
+          store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w);
         } else if (w.row0 + Traits::kBlockM <= w.row_end) {
           // Schedules whose tiles may be cut short of M (a group's end, GroupedSchedule): whole
           // tiles through TMA; a cut tile from registers, since TMA would also write the rows
           // after its end, which belong to the next group (the same for every consumer thread).
-          store_tile_tma<Traits>(p, ss, tma_c, accum, consumer_idx, w);
+          store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w);
         } else {
           store_tile<Traits>(p, epi, accum, consumer_idx, w);
         }
@@ -1002,7 +1029,8 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
   // Only the TMA-store epilogue uses it; the others get a descriptor of a valid dummy view (an
   // odd ldc, which they support, would not make a valid TMA descriptor).
   auto tma_c = make_tma_copy(SM90_TMA_STORE{},
-                             Traits::kTmaStore ? Traits::gmem_c(static_cast<E*>(c), m, n, ldc)
+                             Traits::kTmaStore ? Traits::gmem_c(static_cast<E*>(c), m,
+                                                                Epilogue::kAct == Activation::kSiluMul ? n / 2 : n, ldc)
                                                : Traits::gmem_c(static_cast<E*>(c), Traits::kBlockM, Traits::kStoreCols,
                                                                 Traits::kStoreCols),
                              typename Traits::SmemLayoutC{}(_, _, 0));

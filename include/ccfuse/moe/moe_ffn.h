@@ -72,8 +72,10 @@ enum class MoeCombine { kAuto, kPerSlot, kPresum };
 //               (up to k rows per token over the links).
 //   kAllGather  every token goes once to every other rank (with the routing); each rank then
 //               copies the rows of its own experts into place locally: one row per token and
-//               peer over the links, plus a local permute. EXPERIMENT, written 2026-11-30, not
-//               yet run on a GPU: opt-in; layer 1 is the same in both modes.
+//               peer over the links, plus a local permute. Opt-in: measured 2026-11-30 at
+//               W = 2, slower than all-to-all on all 18 cases (1.64x vs 1.72x the serial
+//               layer; the permute's HBM time exceeds the link time it saves). Layer 1 is the
+//               same in both modes.
 enum class MoeDispatch { kAllToAll, kAllGather };
 
 struct MoeFfnConfig {
@@ -85,6 +87,12 @@ struct MoeFfnConfig {
   // the rows. Measured 2026-11-30 (with presum): 0.88-0.93x the time on the balanced Qwen3 /
   // DeepSeek cases at 8192-16384 tokens, 1.02-1.05x on skewed and small ones: opt-in.
   bool interleave_sends = false;
+  // The grouped GEMMs of layer 0 (activation on the way) and of the pre-summed layer 1 (router
+  // weight as row scale) store their tiles through shared memory and TMA (128x256x64, 3 stages);
+  // a group's cut last tile, and the per-slot layer 1 (whose send warps forward each stored tile),
+  // store from registers. false: every tile from registers (128x256x64, 4 stages), as before
+  // 2026-11-30. The plain grouped GEMM measured +15 % with it (docs/perf-notes.md).
+  bool tma_store = true;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.

@@ -24,7 +24,7 @@ struct MoeProblem {
 };
 
 struct MoeChoice {
-  std::string dispatch;    // "all-to-all" (chosen until MoeDispatch::kAllGather, built 2026-11-30, is measured)
+  std::string dispatch;    // "all-to-all" (MoeDispatch::kAllGather measured slower at W = 2, 2026-11-30)
   std::string combine;     // "presum" | "per-slot" (MoeCombine)
   std::string send_order;  // "interleaved" | "owner-major" (MoeFfnConfig::interleave_sends)
   int num_comm_ctas = 0;   // n_c: CTAs taken from the grouped GEMMs for communication
