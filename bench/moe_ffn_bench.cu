@@ -400,7 +400,8 @@ const char* const kUsage =
     "  Env overrides of the tuner (A/B runs): CCFUSE_MOE_COMBINE=presum|perslot,\n"
     "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n"
     "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n"
-    "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n";
+    "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n"
+    "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {
@@ -638,6 +639,9 @@ int main(int argc, char** argv) {
                                                                                    : moe::MoeDispatch::kAllToAll;
               // CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store from registers (A/B).
               cfg.tma_store = env_or("CCFUSE_MOE_TMA_STORE", "") != "0";
+              // CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs instead of the tuner's (0: after the GEMM).
+              cfg.presum_ctas = choice.presum_ctas;
+              if (const std::string v = env_or("CCFUSE_MOE_PRESUM_CTAS", ""); !v.empty()) cfg.presum_ctas = std::stoi(v);
               moe::MoeFfn ffn(team, desc, cfg);
               CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",
                            max_rows);

@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -266,6 +266,28 @@ if [[ " $what " == *" moe_fused "* ]]; then
     summary+=("moe fused vs serial: $(grep -m1 '^geomean' "$OUT/moe_table.log"); $(grep -m1 '^fused/limit' "$OUT/moe_table.log") (moe_table.log)")
   fi
 fi
+if [[ " $what " == *" moe_diag "* ]]; then
+  # Where the MoE FFN's time goes beyond its grouped GEMMs (diagnostic: the results are wrong on
+  # purpose, CCFUSE_MOE_DIAG; docs/perf-notes.md): T = 4096 uniform, each model, the default and
+  # l0pre (layer 0's preparation kernels alone), nowait (no per-tile waits), nosend (no dispatch),
+  # l1gemm (layer 1 without the pre-sum and combine kernels). One line per (variant, model).
+  : > "$OUT/moe_diag.jsonl"; : > "$OUT/moe_diag.log"
+  for diag in ${CCFUSE_MOE_DIAGS:-none l0pre nowait nosend l1gemm}; do
+    CCFUSE_MOE_DIAG=$([ $diag = none ] || echo $diag) timeout 200 $BIN/ccfuse_moe_ffn_bench --tokens 4096 --routing uniform \
+      --json "$OUT/moe_diag.jsonl" --iters 10 --warmup 3 >> "$OUT/moe_diag.log" 2>&1 || status=1
+  done
+  python3 - "$OUT/moe_diag.jsonl" > "$OUT/moe_diag_summary.log" <<'PY'
+import json, sys
+print(f"{'model':9} {'config DIAG':24} {'fused':>8} {'layer0':>8} {'layer1':>8} {'grp0':>8} {'grp1':>8}  (ms)")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    d = r["config"].split("DIAG=")[1].split("(")[0] if "DIAG=" in r["config"] else "default"
+    print(f"{r['model']:9} {d:24} {r['t_fused_ms']:8.3f} {r['t_layer0_ms']:8.3f} {r['t_layer1_ms']:8.3f} "
+          f"{r.get('t_grouped0_ccfuse_ms', 0):8.3f} {r.get('t_grouped1_ccfuse_ms', 0):8.3f}")
+PY
+  cat "$OUT/moe_diag_summary.log"
+  summary+=("moe diag: moe_diag_summary.log")
+fi
 if [[ " $what " == *" moe_ab "* ]]; then
   # A/B of the MoE FFN's variants (docs/perf-notes.md): the tuner's default, the per-slot combine,
   # the interleaved and the owner-major send order everywhere, each merged with the serial baseline of the same call
@@ -273,16 +295,18 @@ if [[ " $what " == *" moe_ab "* ]]; then
   # default = the MoE tuner's choice per case (moe_tuner.h); the others force one setting.
   # allgather: layer 0's all-gather dispatch, the tuner's other choices (measured 2026-11-30:
   # slower than all-to-all on every case; opt-in). regstore: the layers' grouped GEMMs store from
-  # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30).
+  # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30). presumafter: layer 1's
+  # pre-sum as a kernel after the GEMM (MoeFfnConfig::presum_ctas = 0) instead of beside it.
   # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default regstore").
   for variant in ${CCFUSE_MOE_AB_VARIANTS:-default regstore perslot interleave owner}; do
     combine=""; order=""; mode=""; tma=""
     [[ $variant == *perslot* ]] && combine=perslot
     [[ $variant == regstore ]] && tma=0
+    presum=""; [[ $variant == presumafter ]] && presum=0
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
     [[ $variant == allgather ]] && mode=allgather
-    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
@@ -301,11 +325,14 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
   # pdl (EXPERIMENT, written 2026-11-30): the GEMMs launched with programmatic dependent launch
   # after their entry barrier (CCFUSE_TP_PDL=1, every op).
+  # bn256: ag_gemm with 256-column tiles everywhere (CCFUSE_AG_BLOCK_N=256; the default takes 192
+  # where gemm::choose_config does, since 2026-11-30).
   # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
   for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
     case $variant in
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
+      bn256) vars=(CCFUSE_AG_BLOCK_N=256 CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       *) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm) ;;
     esac
     env "${vars[@]}" OUT="$OUT/$variant" bash "$0" tp > "$OUT/tp_$variant.log" 2>&1 || status=1
@@ -376,6 +403,14 @@ for i, s in enumerate(shapes):
     print("%-26s " % ("%dx%dx%d" % s) + "  ".join("%7.1f (%5.1f%%)" % (c["t_fused_ms"] * 1e3, c["pct_of_cublas"]) for c in cells))
 PY
   summary+=("gemm stream-K diagnosis: gemm_streamk_summary.log")
+fi
+if [[ " $what " == *" gemm_n96 "* ]]; then
+  # EXPERIMENT (written 2026-11-30, not yet run): the 128x96 TMA-store tile (CCFUSE_GEMM_TILE_N=96,
+  # 7 stages, 32-column TMA boxes) against the engine's choice and cuBLASLt on the one-wave shapes
+  # where cuBLASLt takes 96- or 80-column tiles, and two controls.
+  gemm_ab gemm_n96 CCFUSE_GEMM_TILE_N 96 "1024 1536 4096" "1024 1280 8192" "1024 768 4096" "4096 1280 8192" \
+    "1024 5120 8192" "1024 3584 4096" "4096 4096 4096" "8192 1536 8192"
+  summary+=("gemm 128x96 tile A/B: gemm_n96_summary.log")
 fi
 if [[ " $what " == *" gemm_n192 "* ]]; then
   # The 128x192 TMA-store tile (CCFUSE_GEMM_TILE_N=192; measured 2026-11-30, now chosen by the model)

@@ -42,6 +42,11 @@ constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
 // 80 -> 98 %, 1024x2560x8192 69 -> 92 % of cuBLASLt; 8192x14336x8192 100 -> 109 %; half a wave
 // (1024x1536x4096) 79 -> 60 %.
 constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
+// The 96-column TMA-store tile (opt-in, choose_config does not pick it): for one-wave problems
+// where cuBLASLt takes 96- or 80-column tiles (1024x1536x4096: 96 tiles of 128x128, 128 of
+// 128x96). 7 stages: 7 x 28 KiB of A/B + 24 KiB of C staging (32-column TMA boxes, 64-byte
+// swizzle) = 221 KiB. B [N, K] only: B [K, N] is loaded in 64-column swizzle atoms.
+constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -133,15 +138,21 @@ void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* 
   else launch_kparts<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, ws, s);
 }
 
+template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK>
+void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
+  if (cfg.cluster_m == 2) launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma>>(d, cfg, a, b, c, s);
+  else launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma>>(d, cfg, a, b, c, s);
+}
+
 template <class E, int BM, int BN, int BK, int S, bool kTma = false>
 void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
-  const bool nk = d.b_layout == BLayout::kNK;
-  if (cfg.cluster_m == 2) {
-    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true, 2, kTma>>(d, cfg, a, b, c, s);
-    else launch<sm90::Traits<E, BM, BN, BK, S, false, 2, kTma>>(d, cfg, a, b, c, s);
+  if (d.b_layout == BLayout::kNK) {
+    launch_cluster<E, BM, BN, BK, S, kTma, true>(d, cfg, a, b, c, s);
+  } else if constexpr (BN % 64 == 0) {
+    launch_cluster<E, BM, BN, BK, S, kTma, false>(d, cfg, a, b, c, s);
   } else {
-    if (nk) launch<sm90::Traits<E, BM, BN, BK, S, true, 1, kTma>>(d, cfg, a, b, c, s);
-    else launch<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, s);
+    // B [K, N]'s 64-column swizzle atoms do not tile BN: not built (validate says so first).
+    CCFUSE_ARG_CHECK(false, "tile ", BM, "x", BN, " is built for B [N, K] (b_layout nk) only");
   }
 }
 
@@ -154,6 +165,8 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
   } else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 96)
+    launch_layout<E, 128, 96, 64, kTmaStoreN96Shape.stages, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
   else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
   else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
@@ -194,9 +207,15 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
     return t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
   };
   if (cfg.tma_store) {
-    known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape);
+    known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
+            same(kTmaStoreN96Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
-                     " stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, 128x128x64/5)");
+                     " stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, 128x128x64/5, "
+                     "128x96x64/7)");
+    // B [K, N] is loaded in swizzle atoms 64 columns wide (sm90::Traits::SmemLayoutB).
+    CCFUSE_ARG_CHECK(cfg.block_n % 64 == 0 || d.b_layout == BLayout::kNK, "tile ", cfg.block_m, "x", cfg.block_n,
+                     " needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which do not "
+                     "tile ", cfg.block_n, " columns");
     CCFUSE_ARG_CHECK(ldc % align == 0, "ldc ", ldc, " must be a multiple of ", align, " for ", dtype_name(d.dtype),
                      " with tma_store (TMA stores 16-byte aligned rows of C)");
   } else {
@@ -258,6 +277,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
     const Option whole_192{kTmaStoreN192Shape, true, false,
                            waves(tiles_of(kTmaStoreN192Shape)) * double(k_tiles) * 1.5 / eff_192};
     if (whole_192.time < best.time * (1 - 1e-9)) best = whole_192;
+    // Not the 128x96 tile (kTmaStoreN96Shape): opt-in until measured.
   }
   if (tma_ok && !grouped && k_tiles >= 4) {
     const StreamKPlan sk = make_stream_k_plan(tiles_of(narrow), int(k_tiles), sms);
@@ -403,8 +423,9 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
   // TMA-store epilogue: whole tiles through TMA, tiles cut by their group's end from registers.
-  CCFUSE_ARG_CHECK(!cfg.tma_store || cfg.block_n != 192, "tma_store in the grouped GEMM is built for the "
-                   "128x256x64/3 and 128x128x64/5 tiles, not 128x192");
+  CCFUSE_ARG_CHECK(!cfg.tma_store || cfg.block_n == 256 || cfg.block_n == 128,
+                   "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not ",
+                   cfg.block_m, "x", cfg.block_n);
   CCFUSE_ARG_CHECK(cfg.split_k == 1, "split_k ", cfg.split_k, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(!cfg.stream_k, "stream_k is not supported by the grouped GEMM");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");

@@ -528,6 +528,42 @@ __global__ void row_of_kernel(const int2* row_src, const int64_t* row_prefix, in
 // A warp per (source, token): the sum of this rank's weighted rows of the token's slots, in slot
 // order (fp32), sent as one bf16 row to slot `rank` of the source's partial buffer [W][T_max][H].
 // Tokens with no row here send nothing (the owner knows from its routing which ranks to read).
+// One (source, token) item's pre-sum by one warp: dst[v] = the sum of the token's live rows of y
+// (lane j of `mine` holds slot j's row, -1 = none) over the 16-byte pieces [v0, v1), v1 - v0 a
+// multiple of 32 (whole 256-column tiles), fp32 inside. Two pieces a lane and up to 8 slots a
+// batch are loaded before any is added (16 loads in flight: one at a time left the pre-sum
+// latency-bound at ~1.3 TB/s, 2026-11-30).
+__device__ __forceinline__ void presum_item(const Geometry& g, int32_t mine, const E* y, int4* dst, int v0, int v1) {
+  const int lane = threadIdx.x % 32;
+  for (int v = v0 + lane; v < v1; v += 64) {
+    const bool second = v + 32 < v1;  // the same for every lane (v1 - v0 is a multiple of 32)
+    float acc[2][8] = {};
+    for (int j0 = 0; j0 < g.topk; j0 += 8) {
+      int32_t row[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) row[u] = __shfl_sync(0xffffffffu, mine, (j0 + u) & 31);
+      int4 r[2][8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (j0 + u < g.topk && row[u] >= 0) {
+          const int4* src = reinterpret_cast<const int4*>(y + int64_t(row[u]) * g.hidden);
+          r[0][u] = src[v];
+          if (second) r[1][u] = src[v + 32];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (j0 + u < g.topk && row[u] >= 0) {
+          add_bf16x8(acc[0], r[0][u]);
+          if (second) add_bf16x8(acc[1], r[1][u]);
+        }
+      }
+    }
+    dst[v] = pack_bf16x8(acc[0]);
+    if (second) dst[v + 32] = pack_bf16x8(acc[1]);
+  }
+}
+
 __global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row_of, const E* y, E* const* partial) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
@@ -538,16 +574,8 @@ __global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row
     const int64_t token = item % max_tokens;
     const int32_t mine = lane < g.topk ? row_of[(src * max_tokens + token) * g.topk + lane] : -1;
     if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
-    int4* dst = reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden);
-    for (int v = lane; v < vecs; v += 32) {
-      float acc[8] = {};
-      for (int j = 0; j < g.topk; ++j) {
-        const int32_t row = __shfl_sync(0xffffffffu, mine, j);  // all lanes run the same j
-        if (row < 0) continue;
-        add_bf16x8(acc, reinterpret_cast<const int4*>(y + int64_t(row) * g.hidden)[v]);
-      }
-      dst[v] = pack_bf16x8(acc);
-    }
+    presum_item(g, mine, y, reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden),
+                0, vecs);
   }
 }
 
@@ -582,6 +610,89 @@ __global__ void presum_combine_kernel(Geometry g, comm::DeviceSignals sig, const
   }
 }
 
+// ---- layer 1, pre-sum beside the GEMM (MoeFfnConfig::presum_ctas > 0) ----------------------
+// The GEMM takes its tiles slice by slice (gemm::sliced_row_major over every local expert's row
+// tiles, `slice` column tiles a slice); each stored tile counts itself on its slice's counter
+// (L1SliceEpilogue). The schedule's side CTAs (the first num_side_ctas of the grid) wait for a
+// slice's count, pre-sum its columns of every (source, token) as presum_kernel does, and go on to
+// the next slice while the GEMM computes it; the last side CTA to finish releases every rank's
+// done flag. Only the last slice's pre-sum is left after the GEMM.
+struct L1SliceSchedule : gemm::sm90::GroupedSchedule {
+  static constexpr bool kHasSide = true;
+  int num_side_ctas = 0;
+  int slice = 1;               // column tiles per slice
+  int* slice_done = nullptr;   // [slices] tiles stored per slice, [slices] side CTAs finished (zeroed per call)
+  Geometry geo;
+  comm::DeviceSignals sig{};
+  int64_t max_tokens = 0;
+  const int32_t* row_of = nullptr;
+  const E* y = nullptr;
+  E* const* partial = nullptr;
+  bool diag_no_presum = false;  // CCFUSE_MOE_DIAG=l1gemm: timing only (wrong results)
+
+  __device__ gemm::TileWork work(int64_t idx) const {
+    const int64_t m_total = tile_prefix[num_groups] / n_tiles;
+    const gemm::TileCoord c = gemm::sliced_row_major(idx, int(m_total), n_tiles, slice, group_m);
+    const int64_t first = int64_t(c.m_tile) * n_tiles;  // the tile_prefix of the tile's row band
+    int lo = 0, hi = num_groups;  // largest g with tile_prefix[g] <= first (empty groups skipped)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (tile_prefix[mid] <= first) lo = mid;
+      else hi = mid;
+    }
+    const int64_t m_in = c.m_tile - tile_prefix[lo] / n_tiles;
+    return gemm::TileWork{int(m_in), c.n_tile, lo, row_prefix[lo] + m_in * block_m, row_prefix[lo + 1]};
+  }
+
+  __device__ void run_side(int cta) const {
+    const int tid = threadIdx.x, lane = tid % 32, warps = blockDim.x / 32;
+    const int64_t m_total = tile_prefix[num_groups] / n_tiles;
+    const int slices = (n_tiles + slice - 1) / slice;
+    const int64_t first_warp = int64_t(cta) * warps + tid / 32, stride = int64_t(num_side_ctas) * warps;
+    const int64_t items = int64_t(geo.world) * max_tokens;
+    bool ok = true;
+    for (int sl = 0; sl < slices && ok && !diag_no_presum; ++sl) {
+      const int width = min(slice, n_tiles - sl * slice);
+      if (tid == 0) ok = comm::wait_count(sig, slice_done + sl, int(m_total * width), sl);
+      // The count's acquire happens-before every thread's loads of y.
+      ok = __syncthreads_and(ok ? 1 : 0) != 0;
+      if (!ok) break;
+      const int v0 = sl * slice * (kBlockN / 8), v1 = (sl * slice + width) * (kBlockN / 8);  // 16-byte pieces
+      for (int64_t item = first_warp; item < items; item += stride) {
+        const int src = int(item / max_tokens);
+        const int64_t token = item % max_tokens;
+        const int32_t mine = lane < geo.topk ? row_of[(src * max_tokens + token) * geo.topk + lane] : -1;
+        if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
+        presum_item(geo, mine, y,
+                    reinterpret_cast<int4*>(partial[src] + (int64_t(geo.rank) * max_tokens + token) * geo.hidden), v0, v1);
+      }
+    }
+    __syncthreads();  // every thread's stores before thread 0's release
+    if (tid == 0 && ok) {
+      __threadfence_system();
+      cuda::atomic_ref<int, cuda::thread_scope_device> finished(slice_done[slices]);
+      if (finished.fetch_add(1, cuda::memory_order_acq_rel) + 1 == num_side_ctas) {
+        __threadfence_system();  // the other side CTAs' stores (acquired above) before the flags
+        const epoch_t e = comm::current_epoch(sig);
+        for (int r = 0; r < geo.world; ++r) comm::notify(sig, r, geo.done_flag(geo.rank), e);
+      }
+    }
+  }
+};
+
+// Layer 1's weighted rows into y (TMA-store or registers), each stored tile counted on its
+// slice's counter (after its stores are complete: the kernel waits for a tile's TMA stores
+// before notify).
+struct L1SliceEpilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> {
+  static constexpr bool kHasNotify = true;
+  int slice = 1;
+  int* slice_done = nullptr;
+  __device__ void notify(const gemm::TileWork& w) const {
+    cuda::atomic_ref<int, cuda::thread_scope_device> count(slice_done[w.n_tile / slice]);
+    count.fetch_add(1, cuda::memory_order_release);
+  }
+};
+
 template <class T>
 T* carve(char*& p, size_t n) {
   T* r = reinterpret_cast<T*>(p);
@@ -606,6 +717,8 @@ struct MoeFfn::State {
   int32_t** gids_peers = nullptr;
   float** gw_peers = nullptr;
   int32_t* row_of = nullptr;                       // kPresum: [W][max_tokens * k]
+  int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
+  int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, positions, send_list, dispatch workspace
@@ -623,6 +736,7 @@ struct MoeFfn::State {
   ~State() {
     cudaFree(scratch);
     cudaFree(row_of);
+    cudaFree(slice_done);
     cudaFree(const_cast<E**>(partial_peers));
     cudaFree(gpositions);
     cudaFree(gids_peers);
@@ -689,6 +803,21 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   if (cfg.combine == MoeCombine::kPresum) {
     s.partial = team.alloc_symmetric(size_t(w) * size_t(d.max_tokens * d.hidden) * 2);
     CCFUSE_CUDA_CHECK(cudaMalloc(&s.row_of, size_t(w) * size_t(entries) * 4));
+    CCFUSE_ARG_CHECK(cfg.presum_ctas >= -1 && cfg.presum_ctas <= 64, "presum_ctas ", cfg.presum_ctas,
+                     " must be -1 (the tuner's), 0 (after the GEMM) or 1..64");
+    if (cfg.presum_ctas < 0) {
+      MoeProblem p;
+      p.world_size = w;
+      p.num_experts = d.num_experts;
+      p.topk = d.topk;
+      p.tokens_per_rank = d.max_tokens;
+      p.hidden = d.hidden;
+      p.ffn = d.ffn;
+      s.presum_ctas = presum_ctas_for(p);
+    } else {
+      s.presum_ctas = cfg.presum_ctas;
+    }
+    CCFUSE_CUDA_CHECK(cudaMalloc(&s.slice_done, size_t(d.hidden / kBlockN + 1) * sizeof(int)));
     std::vector<E*> pp(static_cast<size_t>(w));
     for (int r = 0; r < w; ++r) pp[size_t(r)] = static_cast<E*>(s.partial->peer(r));
     E** dev = nullptr;
@@ -765,7 +894,11 @@ std::string MoeFfn::describe() const {
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
      << (s_->cfg.combine == MoeCombine::kPresum
-             ? " layer1=grouped+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum"
+             ? (s_->presum_ctas > 0
+                    ? " layer1=grouped(sliced)+row-weight combine=presum(per token and rank, " +
+                          std::to_string(s_->presum_ctas) + " side CTAs beside the GEMM) reduce=fp32-rank-sum"
+                    : std::string(" layer1=grouped+row-weight combine=presum(per token and rank, after the GEMM) "
+                                  "reduce=fp32-rank-sum"))
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
@@ -875,7 +1008,8 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.chunk_base = s.plan.chunk_base;
   sched.sig = s.sig->device();
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
-  // "nosend" (no dispatch; implies nowait). The results are wrong then.
+  // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone). The
+  // results are wrong then.
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   const bool no_send = diag != nullptr && (std::strncmp(diag, "nosend", 6) == 0 || std::strstr(diag, ",nosend") != nullptr);
   sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
@@ -907,6 +1041,8 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   };
   using gemm::sm90::Activation;
   const bool nk = d.b_layout == gemm::BLayout::kNK;
+  // "l0pre": stop before the GEMM (the preparation kernels' time alone).
+  if (diag != nullptr && std::strstr(diag, "l0pre") != nullptr) return;
   if (d.swiglu) {
     L0Epilogue<Activation::kSiluMul> epi;
     fill(epi);
@@ -932,6 +1068,52 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
   row_of_kernel<<<4 * dev_sms, 256, 0, stream>>>(static_cast<const int2*>(s.row_src->local()), s.plan.row_prefix,
                                                  s.geo.epr, entries, s.row_of);
   CCFUSE_CUDA_CHECK_LAUNCH();
+  const int sms_all = s.cfg.num_sms > 0 ? s.cfg.num_sms : dev_sms;
+  const char* diag = std::getenv("CCFUSE_MOE_DIAG");
+  const bool diag_gemm_only = diag != nullptr && std::strstr(diag, "l1gemm") != nullptr;
+  if (s.presum_ctas > 0 && s.presum_ctas < sms_all) {
+    // The pre-sum beside the GEMM: ~6 slices (A is read once per slice).
+    const int n_tiles = int(d.hidden / kBlockN), slice = std::max(1, (n_tiles + 5) / 6);
+    const int slices = (n_tiles + slice - 1) / slice;
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.slice_done, 0, size_t(slices + 1) * sizeof(int), stream));
+    L1SliceSchedule ssched;
+    static_cast<gemm::sm90::GroupedSchedule&>(ssched) = sched;
+    ssched.tile_bound = sched.tile_bound;
+    ssched.num_side_ctas = s.presum_ctas;
+    ssched.slice = slice;
+    ssched.slice_done = s.slice_done;
+    ssched.geo = s.geo;
+    ssched.sig = s.sig->device();
+    ssched.max_tokens = d.max_tokens;
+    ssched.row_of = s.row_of;
+    ssched.y = static_cast<const E*>(s.y);
+    ssched.partial = s.partial_peers;
+    ssched.diag_no_presum = diag_gemm_only;
+    L1SliceEpilogue epi;
+    epi.scale = static_cast<const float*>(s.row_w->local());
+    epi.slice = slice;
+    epi.slice_done = s.slice_done;
+    launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y,
+                 d.hidden, ssched, epi, sms_all, s.geo.epr, stream);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+    if (diag_gemm_only) return;
+  } else {
+    run_layer1_presum_after(w2, stream, diag_gemm_only);
+    if (diag_gemm_only) return;
+  }
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(num_tokens * (d.hidden / 8), 256), 4 * dev_sms)));
+  presum_combine_kernel<<<blocks, 256, 0, stream>>>(s.geo, s.sig->device(), static_cast<const E*>(s.partial->local()),
+                                                    d.max_tokens, topk_ids, num_tokens, static_cast<E*>(out));
+  CCFUSE_CUDA_CHECK_LAUNCH();
+}
+
+// The pre-sum after the GEMM (presum_ctas 0): the weighted rows into y, then presum_kernel and
+// the done flags.
+void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only) {
+  State& s = *s_;
+  const MoeFfnDesc& d = s.desc;
+  const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(int(d.hidden / kBlockN), s.plan.tile_prefix1);
+  const int dev_sms = gemm::current_device_sms();
   // The weighted rows into y (the plain grouped GEMM with the router weight as row scale).
   gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> epi;
   epi.scale = static_cast<const float*>(s.row_w->local());
@@ -939,14 +1121,12 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
   launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden,
                sched, epi, sms, s.geo.epr, stream);
   CCFUSE_CUDA_CHECK_LAUNCH();
+  // "l1gemm": stop after the GEMM (the pre-sum and combine kernels' time is the difference).
+  if (gemm_only) return;
   presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.row_of, static_cast<const E*>(s.y),
                                                  s.partial_peers);
   CCFUSE_CUDA_CHECK_LAUNCH();
   presum_notify_kernel<<<1, 32, 0, stream>>>(s.geo, s.sig->device());
-  CCFUSE_CUDA_CHECK_LAUNCH();
-  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(num_tokens * (d.hidden / 8), 256), 4 * dev_sms)));
-  presum_combine_kernel<<<blocks, 256, 0, stream>>>(s.geo, s.sig->device(), static_cast<const E*>(s.partial->local()),
-                                                    d.max_tokens, topk_ids, num_tokens, static_cast<E*>(out));
   CCFUSE_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,24 @@ const char* auto_combine(int topk, int /*world_size*/) {
   return topk >= 2 && topk <= C::kPresumMaxTopk ? "presum" : "per-slot";
 }
 
+// Layer 1's pre-sum moves, per rank, its received rows (read once: T k rows of H, balanced) and
+// one partial row per (token, rank) of every source (written, W T rows of H; bf16).
+double presum_bytes(const MoeProblem& p) {
+  return double(p.tokens_per_rank) * double(p.topk) * double(p.hidden) * 2.0 +
+         double(p.world_size) * double(p.tokens_per_rank) * double(p.hidden) * 2.0;
+}
+// Layer 1's GEMM per rank (T k rows x F -> H), at the grouped GEMM's measured ~600 TFLOP/s.
+double layer1_gemm_seconds(const MoeProblem& p) {
+  return 2.0 * double(p.tokens_per_rank) * double(p.topk) * double(p.hidden) * double(p.ffn) / 600e12;
+}
+
+int presum_ctas_for(const MoeProblem& p) {
+  using C = MoeTunerConstants;
+  const double need = presum_bytes(p) / (C::kPresumCtaGbps * 1e9 * layer1_gemm_seconds(p));
+  const int n = int(std::ceil(need));
+  return n < C::kPresumMinCtas ? C::kPresumMinCtas : n > C::kPresumMaxCtas ? C::kPresumMaxCtas : n;
+}
+
 MoeChoice choose_moe_config(const MoeProblem& p) {
   CCFUSE_ARG_CHECK(p.world_size >= 1, "world_size ", p.world_size, " must be at least 1");
   CCFUSE_ARG_CHECK(p.num_experts >= 1 && p.num_experts % p.world_size == 0, "num_experts ", p.num_experts,
@@ -69,9 +87,17 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   c.num_comm_ctas = 0;
   c.send_warps_per_cta = 3;
   c.unit_rows = 128;
-  why << "n_c 0: the three idle producer warps of every GEMM CTA copy the rows (dedicated CTAs cost the "
-         "persistent GEMM its SMs: measured slower in the TP ops); units of 128 rows, one GEMM row tile "
-         "and one flag each.";
+  why << "layer 0 n_c 0: the three idle producer warps of every GEMM CTA copy the rows (dedicated CTAs cost "
+         "the persistent GEMM its SMs: measured slower in the TP ops); units of 128 rows, one GEMM row tile "
+         "and one flag each. ";
+  c.presum_ctas = presum_ctas_for(p);
+  if (c.combine != std::string("presum"))
+    why << "layer 1 pre-sum CTAs: none (per-slot combine).";
+  else
+    why << "layer 1 pre-sum CTAs " << c.presum_ctas << ": the pre-sum's bytes (" << num(presum_bytes(p) / 1e6)
+        << " MB) at ~" << C::kPresumCtaGbps << " GB/s a CTA within the layer-1 GEMM's ~"
+        << num(layer1_gemm_seconds(p) * 1e3) << " ms, clamped to [" << C::kPresumMinCtas << ", "
+        << C::kPresumMaxCtas << "] (side CTAs pre-sum each column slice while the GEMM computes the next).";
   c.why = why.str();
   return c;
 }
@@ -79,7 +105,8 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
 std::string to_string(const MoeChoice& c) {
   std::ostringstream os;
   os << "dispatch=" << c.dispatch << " combine=" << c.combine << " send_order=" << c.send_order
-     << " n_c=" << c.num_comm_ctas << " send_warps_per_cta=" << c.send_warps_per_cta << " unit_rows=" << c.unit_rows;
+     << " n_c=" << c.num_comm_ctas << " send_warps_per_cta=" << c.send_warps_per_cta << " unit_rows=" << c.unit_rows
+     << " presum_ctas=" << c.presum_ctas;
   return os.str();
 }
 

@@ -96,7 +96,21 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
                      "' must be copy-engine or sm-send-warps");
     cfg.transport = t == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
   }
+  // CCFUSE_AG_BLOCK_N=256 | 192: the tile width instead of the auto rule (A/B runs).
+  if (const char* v = std::getenv("CCFUSE_AG_BLOCK_N"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "256" || t == "192", "CCFUSE_AG_BLOCK_N '", t, "' must be 256 or 192");
+    cfg.block_n = std::stoi(t);
+  }
   return cfg;
+}
+tp::AgGemmDesc ag_desc(const Options& o) {
+  tp::AgGemmDesc d;
+  d.m = o.m;
+  d.n = o.n;
+  d.k = o.k;
+  d.b_layout = gemm::BLayout::kKN;  // the tool's B is [K, N], as for cuBLAS
+  return d;
 }
 tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   tp::GemmRsConfig cfg;
@@ -107,7 +121,10 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
 }
 std::string fused_config(const Options& o, int sms) {
   const tp::TpChoice c = tuned(o, sms);
-  if (is_ag(o)) return "ag_gemm v2 (" + tp::to_string(ag_config(c), sms) + "; tuner: " + c.source + ")";
+  if (is_ag(o)) {
+    const tp::AgGemmDesc d = ag_desc(o);
+    return "ag_gemm v2 (" + tp::to_string(ag_config(c), sms, &d) + "; tuner: " + c.source + ")";
+  }
   return o.op + " v1 (" + tp::to_string(rs_config(c), sms, o.op == "gemm_ar") + "; tuner: " + c.source + ")";
 }
 size_t elem_size(DType t) { return size_t(dtype_size(t)); }
@@ -201,12 +218,7 @@ struct RankState {
       else fused_ar = std::make_unique<tp::GemmAr>(team, d, cfg);
     }
     if (has_fused(o) && is_ag(o)) {
-      tp::AgGemmDesc d;
-      d.m = o.m;
-      d.n = o.n;
-      d.k = o.k;
-      d.b_layout = gemm::BLayout::kKN;  // the tool's B is [K, N], as for cuBLAS
-      fused_ag = std::make_unique<tp::AgGemm>(team, d, ag_config(tuned(o, gemm::current_device_sms())));
+      fused_ag = std::make_unique<tp::AgGemm>(team, ag_desc(o), ag_config(tuned(o, gemm::current_device_sms())));
     }
   }
   ~RankState() {
@@ -250,7 +262,7 @@ struct RankState {
   // written to PREFIX.rank<r>.csv (tools/tile_trace.py summarises them).
   void trace_fused(const std::string& prefix) {
     const int sms = gemm::current_device_sms();
-    const int64_t tiles_bound = (ceil_div(o.m, 128) + o.world_size) * ceil_div(o.n, 256);
+    const int64_t tiles_bound = (ceil_div(o.m, 128) + o.world_size) * ceil_div(o.n, 192);  // 192- or 256-column tiles
     const int slots = int(tiles_bound / sms + 2);
     const size_t count = size_t(sms) * size_t(slots);
     gemm::TileTrace* rec = nullptr;

@@ -23,6 +23,7 @@ constexpr int kMaxAgRanks = 8;
 // rank-rotated order, own band first (banded_tiles.cuh). The producer of a tile waits for its
 // 128-row chunk: all `pieces` flags of it, published by the band's rank.
 struct AgSchedule : BandedTiles {
+  int block_n = 256;  // the kernel's tile width (launch_ag_layout picks the Traits by it)
   int pieces = 1;
   // Chunks per flag: 1 with send warps; copy_rows / 128 with the copy engine (one flag a copy).
   int chunks_per_flag = 1;
@@ -137,6 +138,7 @@ struct AgGemm::State {
   // Copy engine: fixed-value flags (one per copy of every band), a side stream per peer, events.
   std::unique_ptr<comm::SignalSet> ce_sig;
   int copy_rows = 0;
+  int block_n = 256;  // the kernel's tile width (AgGemmConfig::block_n resolved)
   std::vector<cudaStream_t> side;
   cudaEvent_t start = nullptr;
   std::vector<cudaEvent_t> done;
@@ -166,9 +168,20 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
   return p;
 }
 
-std::string to_string(const AgGemmConfig& c, int num_sms) {
+// block_n = 0: the GEMM engine's choice for the same [M, N, K] problem on the GEMM's CTAs
+// (gemm::choose_config's wave model), narrowed to what this kernel is built for: 192 where it
+// picks 192, else 256 (its 128-column tile and split-K have no banded, flag-waiting twin here).
+int auto_block_n(const AgGemmDesc& d, const AgGemmConfig& c) {
+  if (d.n % 8 != 0 || c.cluster_m != 1 || c.transport != AgTransport::kSendWarps) return 256;
+  const int sms = c.num_sms > 0 ? c.num_sms : gemm::current_device_sms();
+  return gemm::choose_config(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), sms).block_n == 192 ? 192 : 256;
+}
+
+std::string to_string(const AgGemmConfig& c, int num_sms, const AgGemmDesc* desc) {
   std::ostringstream os;
-  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x256x64 epilogue=tma_store(n%8==0) cluster="
+  const int bn = c.block_n != 0 ? c.block_n : desc != nullptr ? auto_block_n(*desc, c) : 0;
+  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x"
+     << (bn != 0 ? std::to_string(bn) : std::string("auto")) << "x64 epilogue=tma_store(n%8==0) cluster="
      << c.cluster_m << " chunk_rows=" << kBlockM;
   if (c.transport == AgTransport::kCopyEngine) {
     os << " group_m=" << c.group_m << " push=" << transport_name(c.transport) << "(copy_rows="
@@ -204,6 +217,12 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
                    "copy_rows ", cfg.copy_rows, " must be 0 (auto) or a multiple of 128 that divides m / world_size = ",
                    s_->m_local);
   gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{128, 256, 64, 4, 0});
+  CCFUSE_ARG_CHECK(cfg.block_n == 0 || cfg.block_n == 256 || cfg.block_n == 192, "block_n ", cfg.block_n,
+                   " must be 0 (auto), 256 or 192");
+  CCFUSE_ARG_CHECK(cfg.block_n != 192 || (d.n % 8 == 0 && cfg.cluster_m == 1 && cfg.transport == AgTransport::kSendWarps),
+                   "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (", d.n,
+                   ") a multiple of 8, cluster_m 1 (got ", cfg.cluster_m, ") and the send-warp transport");
+  s_->block_n = cfg.block_n != 0 ? cfg.block_n : auto_block_n(d, cfg);
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
   s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
   if (cfg.transport == AgTransport::kCopyEngine) {
@@ -241,7 +260,10 @@ void launch_ag_layout(const AgGemmDesc& d, const void* gathered, const void* a_l
                       const AgSchedule& sched, const Epi& epi, const void* b, void* c, int sms, int cluster_m,
                       bool pdl, cudaStream_t stream) {
   const int64_t ldb = kNK ? d.k : d.n;
-  if (d.n % 8 == 0 && cluster_m == 2)
+  if (sched.block_n == 192)  // validated: n % 8 == 0, cluster_m 1
+    gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 192, 64, 4, kNK, 1, true>>(
+        d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local, pdl);
+  else if (d.n % 8 == 0 && cluster_m == 2)
     gemm::sm90::launch_gemm<gemm::sm90::Traits<E, 128, 256, 64, 3, kNK, 2, true>>(
         d.m, d.n, d.k, gathered, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, a_local, m_local);
   else if (d.n % 8 == 0)
@@ -284,7 +306,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   char* gather_local = static_cast<char*>(s_->gather->local());
   AgSchedule sched;
   sched.m_tiles_per_band = int(s_->m_local / kBlockM);
-  sched.n_tiles = int(ceil_div(d.n, 256));
+  sched.block_n = s_->block_n;
+  sched.n_tiles = int(ceil_div(d.n, s_->block_n));
   sched.group_m = s_->cfg.group_m;
   sched.rank = team.rank();
   sched.world = team.world_size();

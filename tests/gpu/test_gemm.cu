@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ccfuse/comm/team.h"
@@ -23,7 +24,7 @@ struct Case {
   int64_t m, n, k;
   DType dtype;
   BLayout layout;
-  int block_n;      // 256 or 128 (192: TMA-store only); 0 = choose_config
+  int block_n;      // 256 or 128 (192, 96: TMA-store only); 0 = choose_config
   int num_sms;      // 0 = all
   bool col_major;
   int cluster = 0;  // 1 or 2; 0 = choose_config's
@@ -135,9 +136,10 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
       cfg.split_k = 1;
       cfg.stream_k = false;
     }
-    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages)
-    cfg.block_n = c.block_n == 128 || c.block_n == 192 ? c.block_n : 256;
-    cfg.stages = cfg.block_n == 128 ? 5 : (cfg.block_n == 192 ? 4 : 3);
+    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages); 96: the
+    // 96-column one (7 stages, B [N, K] only)
+    cfg.block_n = c.block_n == 128 || c.block_n == 192 || c.block_n == 96 ? c.block_n : 256;
+    cfg.stages = cfg.block_n == 128 ? 5 : cfg.block_n == 192 ? 4 : cfg.block_n == 96 ? 7 : 3;
     cfg.tma_store = true;
   }
   std::random_device rd;
@@ -199,6 +201,22 @@ std::vector<Case> cases() {
   out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kKN, 192, 100, true, 1, true});
   out.push_back({1024, 3072, 4096, DType::kBFloat16, BLayout::kNK, 192, 0, false, 2, true});
   out.push_back({4096, 768, 4096, DType::kBFloat16, BLayout::kKN, 192, 0, false, 2, true});
+  // The 96-column TMA-store tile (128x96x64, 7 stages, 32-column TMA boxes with the 64-byte
+  // swizzle; B [N, K] only): partial tiles (776 = 8 x 96 + 8; 808 = 8 x 96 + 40: a full and a
+  // clipped box in the last tile), M < 64, both dtypes, clusters (odd row tiles with an odd SM
+  // budget), an SM budget in column order, and the one-wave shapes it is meant for.
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (int cl : {1, 2}) {
+      out.push_back({1000, 776, 520, t, BLayout::kNK, 96, 0, false, cl, true});
+      out.push_back({1000, 808, 520, t, BLayout::kNK, 96, 0, false, cl, true});
+      out.push_back({48, 200, 24, t, BLayout::kNK, 96, 0, false, cl, true});
+    }
+  out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, 96, 7, false, 2, true});
+  out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kNK, 96, 100, true, 1, true});
+  out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kNK, 96, 0, false, 2, true});
+  out.push_back({1024, 1536, 4096, DType::kFloat16, BLayout::kNK, 96, 0, false, 1, true});
+  out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 96, 0, false, 2, true});
+  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 96, 0, false, 2, true});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
   // shape with fewer tiles than SMs (1024x768x4096).
@@ -510,7 +528,8 @@ TEST(GemmValidation, TmaStoreRules) {
     validate(d, cfg);
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, 128x128x64/5)");
+    EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, "
+                           "128x192x64/4, 128x128x64/5, 128x96x64/7)");
   }
   cfg.stages = 3;
   GroupedGemmDesc g;
@@ -529,6 +548,77 @@ TEST(GemmValidation, TmaStoreRules) {
     EXPECT_STREQ(e.what(), "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x192");
   }
   EXPECT_EQ(to_string(cfg), "block=128x256x64 stages=3 sms=0 order=row group_m=8 cluster=1 epilogue=tma_store");
+}
+
+// The 96-column TMA-store tile (opt-in): whole tiles of B [N, K] in clusters of 1 or 2; not B
+// [K, N], whose 64-column swizzle atoms do not tile it, nor cut or grouped; never chosen.
+TEST(GemmValidation, N96TileRules) {
+  GemmDesc d = make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK);
+  GemmConfig cfg{128, 96, 64, 7};
+  cfg.tma_store = true;
+  EXPECT_NO_THROW(validate(d, cfg));
+  cfg.cluster_m = 2;
+  EXPECT_NO_THROW(validate(d, cfg));
+  d.dtype = DType::kFloat16;
+  EXPECT_NO_THROW(validate(d, cfg));
+  EXPECT_EQ(to_string(cfg), "block=128x96x64 stages=7 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store");
+  d.b_layout = BLayout::kKN;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "128x96 with B [K, N] accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tile 128x96 needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, "
+                           "which do not tile 96 columns");
+  }
+  d.b_layout = BLayout::kNK;
+  cfg.cluster_m = 1;
+  cfg.split_k = 2;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "128x96 with split-K accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
+  }
+  cfg.split_k = 1;
+  cfg.stream_k = true;
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "128x96 with stream-K accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "stream_k with tma_store is built for the 128x128x64/5 tile");
+  }
+  cfg.stream_k = false;
+  GemmConfig other = cfg;
+  other.stages = 6;  // 7 is the one built
+  try {
+    validate(d, other);
+    ADD_FAILURE() << "128x96 with 6 stages accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tile 128x96x64 with 6 stages is not built with tma_store (built: 128x256x64/3, "
+                           "128x192x64/4, 128x128x64/5, 128x96x64/7)");
+  }
+  other = cfg;
+  other.tma_store = false;  // registers: not built
+  EXPECT_THROW(validate(d, other), InvalidArgument);
+  GroupedGemmDesc g;
+  g.num_groups = 2;
+  g.max_rows = 256;
+  g.n = 192;
+  g.k = 128;
+  g.b_layout = BLayout::kNK;
+  try {
+    validate(g, cfg);
+    ADD_FAILURE() << "128x96 in a grouped GEMM accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not "
+                           "128x96");
+  }
+  // Opt-in: choose_config keeps its picks on the shapes the tile is meant for.
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1536, 4096}, {1024, 1280, 8192},
+                                {1024, 768, 4096}}) {
+    EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n, 96) << m << "x" << n;
+    EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132).block_n, 96) << m << "x" << n;
+  }
 }
 
 TEST(GemmValidation, RejectsMisalignedPointers) {

@@ -90,6 +90,7 @@ struct Case {
   bool interleave_sends = false;
   MoeDispatch dispatch = MoeDispatch::kAllToAll;
   bool tma_store = true;  // MoeFfnConfig::tma_store
+  int presum_ctas = -1;   // MoeFfnConfig::presum_ctas
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -276,6 +277,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.num_sms = c.num_sms;
     config.combine = c.combine;
     config.tma_store = c.tma_store;
+    config.presum_ctas = c.presum_ctas;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     cudaStream_t s;
@@ -424,6 +426,21 @@ std::vector<Case> cases() {
                0.1, 0.02, 0, presum});
   v.push_back({"tma_whole_tiles_perslot_16sms", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0,
                16});
+  // Layer 1's pre-sum beside the GEMM (presum_ctas, the default since 2026-11-30) against the
+  // pre-sum after it (0), one side CTA, and many slices (H = 2048: 8 column tiles, 2 a slice)
+  // with few GEMM CTAs.
+  Case after{"presum_after_gemm_zipf", 512, 256, 8, 4, true, BLayout::kNK, Route::kZipf, {300, 120}, 0, 0.1, 0.02, 0,
+             presum};
+  after.presum_ctas = 0;
+  v.push_back(after);
+  Case one_side = after;
+  one_side.name = "presum_one_side_cta";
+  one_side.presum_ctas = 1;
+  v.push_back(one_side);
+  Case slices{"presum_h2048_slices_12sms", 2048, 256, 8, 2, true, BLayout::kNK, Route::kUniform, {300}, 0, 0, 0, 12,
+              presum};
+  slices.presum_ctas = 3;
+  v.push_back(slices);
   Case regs{"regstore_whole_tiles_swiglu", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0, 0,
             presum};
   regs.tma_store = false;

@@ -36,6 +36,7 @@ struct Shape {
   int copy_rows = 0;  // AgGemmConfig::copy_rows (copy engine; 0: auto)
   int cluster_m = 1;  // AgGemmConfig::cluster_m (2: 2-CTA clusters)
   bool overlap_entry = false;  // AgGemmConfig::overlap_entry (PDL after the entry barrier)
+  int block_n = 0;             // AgGemmConfig::block_n (0: auto)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -63,6 +64,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     cfg.copy_rows = sh.copy_rows;
     cfg.cluster_m = sh.cluster_m;
     cfg.overlap_entry = sh.overlap_entry;
+    cfg.block_n = sh.block_n;
     AgGemm op(team, d, cfg);
     const int64_t m_local = d.m / w;
     cudaStream_t s;
@@ -173,7 +175,18 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  true},
                                            Shape{512, 520, 776, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
-                                                 true}),
+                                                 true},
+                                           // 192-column tiles (written 2026-11-30): partial column tiles
+                                           // (520 = 2 x 192 + 136, 1000 = 5 x 192 + 40), both layouts, PDL, and
+                                           // a shape whose auto rule picks 192 (8192x768x1024: 2 waves of 256
+                                           // tiles of 192 against 3 of 384 of 128, gemm::choose_config)
+                                           Shape{512, 520, 776, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 false, 192},
+                                           Shape{1024, 1000, 1024, gemm::BLayout::kKN, 0, AgTransport::kSendWarps, 0, 1,
+                                                 false, 192},
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 true, 192},
+                                           Shape{8192, 768, 1024, gemm::BLayout::kKN}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
@@ -182,7 +195,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                       ? detail::str_cat("_ce", i.param.copy_rows)
                                                       : "",
                                                   i.param.cluster_m != 1 ? detail::str_cat("_cluster", i.param.cluster_m) : "",
-                                                  i.param.overlap_entry ? "_pdl" : "");
+                                                  i.param.overlap_entry ? "_pdl" : "",
+                                                  i.param.block_n ? detail::str_cat("_bn", i.param.block_n) : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
@@ -227,6 +241,25 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(std::string(e.what()),
                 "cluster_m 2 needs m / world_size = 384 to be a multiple of 256 (tile pairs inside a band)");
+    }
+    d.m = 512 * w;
+    cfg = AgGemmConfig{};
+    cfg.block_n = 128;
+    try {
+      AgGemm op(team, d, cfg);
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()), "block_n 128 must be 0 (auto), 256 or 192");
+    }
+    cfg.block_n = 192;
+    cfg.cluster_m = 2;
+    try {
+      AgGemm op(team, d, cfg);
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (256) a multiple of 8, "
+                "cluster_m 1 (got 2) and the send-warp transport");
     }
   });
 }

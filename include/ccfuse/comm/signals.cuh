@@ -40,16 +40,16 @@ __device__ __forceinline__ bool watchdog_fired(const DeviceSignals& sig) {
   return cuda::atomic_ref<int32_t, cuda::thread_scope_device>(*sig.watchdog_claim).load(cuda::memory_order_relaxed) != 0;
 }
 
-// Spins (acquire, system scope) until this rank's flag `idx` reaches `epoch`. Returns false if
-// the watchdog fired (here or in another wait of this rank). One thread calls it.
-__device__ __forceinline__ bool wait(const DeviceSignals& sig, int idx, epoch_t epoch, int producer) {
-  cuda::atomic_ref<epoch_t, cuda::thread_scope_system> flag(sig.flags[sig.rank][idx]);
-  epoch_t seen = flag.load(cuda::memory_order_acquire);
-  if (epoch_reached(seen, epoch)) return true;
+// Spins until ready(&seen) holds (it loads the watched word with acquire semantics into `seen`).
+// Watchdog'd: past sig.timeout_ns it claims this rank's WatchdogRecord (index, want, seen,
+// producer) and returns false; once any wait of this rank has fired it returns false at once.
+template <class Ready>
+__device__ __forceinline__ bool spin_until(const DeviceSignals& sig, Ready ready, int idx, epoch_t want, int producer) {
+  epoch_t seen = 0;
+  if (ready(&seen)) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t spin = 1;; ++spin) {
-    seen = flag.load(cuda::memory_order_acquire);
-    if (epoch_reached(seen, epoch)) return true;
+    if (ready(&seen)) return true;
     if ((spin & 255u) == 0) {
       if (watchdog_fired(sig)) return false;
       const uint64_t waited = global_timer_ns() - start;
@@ -62,7 +62,7 @@ __device__ __forceinline__ bool wait(const DeviceSignals& sig, int idx, epoch_t 
           rec->producer = producer;
           rec->set_id = sig.set_id;
           rec->index = idx;
-          rec->want = epoch;
+          rec->want = want;
           rec->have = seen;
           rec->waited_ns = waited;
           cuda::atomic_ref<int32_t, cuda::thread_scope_system>(rec->fired).store(1, cuda::memory_order_release);
@@ -72,6 +72,34 @@ __device__ __forceinline__ bool wait(const DeviceSignals& sig, int idx, epoch_t 
     }
     if (spin > 64) __nanosleep(32);
   }
+}
+
+// Spins (acquire, system scope) until this rank's flag `idx` reaches `epoch`. Returns false if
+// the watchdog fired (here or in another wait of this rank). One thread calls it.
+__device__ __forceinline__ bool wait(const DeviceSignals& sig, int idx, epoch_t epoch, int producer) {
+  cuda::atomic_ref<epoch_t, cuda::thread_scope_system> flag(sig.flags[sig.rank][idx]);
+  return spin_until(
+      sig,
+      [&](epoch_t* seen) {
+        *seen = flag.load(cuda::memory_order_acquire);
+        return epoch_reached(*seen, epoch);
+      },
+      idx, epoch, producer);
+}
+
+// Spins (acquire, device scope) until a count that this GPU's own CTAs raise reaches `target`
+// (e.g. tiles of a slice stored). Watchdog'd as wait(); the record names `idx` and producer = this
+// rank. One thread calls it.
+__device__ __forceinline__ bool wait_count(const DeviceSignals& sig, const int* counter, int target, int idx) {
+  cuda::atomic_ref<const int, cuda::thread_scope_device> count(*counter);
+  return spin_until(
+      sig,
+      [&](epoch_t* seen) {
+        const int c = count.load(cuda::memory_order_acquire);
+        *seen = epoch_t(c);
+        return c >= target;
+      },
+      idx, epoch_t(target), sig.rank);
 }
 
 // All ranks of the set meet: threads 0..W-1 of the calling CTA each signal one peer and wait for

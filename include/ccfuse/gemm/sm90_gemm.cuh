@@ -68,7 +68,14 @@ struct Traits {
   // waits for them but the next tile's staging writes. Frees the tensor cores from the ~5.7 us per
   // tile that the register stores cost (docs/perf-notes.md). Needs kBlockM x kBlockN x 2 bytes.
   static constexpr bool kTmaStore = kTmaStore_;
-  static constexpr int kStoreCols = 64;  // one 128-byte swizzle atom wide: a TMA box per sub-tile
+  // The staging buffer holds kBlockN / kStoreCols sub-tiles of [kBlockM, kStoreCols], one TMA box
+  // each: 64 columns (a 128-byte swizzle atom) where they tile the width, else 32 (a 64-byte one;
+  // 128x96).
+  static constexpr int kStoreCols = kBlockN % 64 == 0 ? 64 : 32;
+  static_assert(kBlockN % kStoreCols == 0, "whole TMA-store sub-tiles per tile");
+  static constexpr int kStoreRowBytes = kStoreCols * int(sizeof(Element));  // = the swizzle width
+  static constexpr int kStoreChunks = kStoreRowBytes / 16;                 // 16-byte chunks of a sub-tile row
+  static constexpr int kStoreSubBytes = kBlockM * kStoreRowBytes;          // one sub-tile
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static_assert(kBlockK * sizeof(Element) == 128, "one 128-byte swizzle atom along K");
@@ -102,6 +109,8 @@ struct Traits {
   };
   static constexpr uint32_t kStageBytes = uint32_t((kBlockM + kBlockN) * kBlockK * sizeof(Element));
   static constexpr size_t kSmemBytes = sizeof(SharedStorage);
+  // launch_gemm asks for it all as dynamic shared memory: at most 227 KiB per block on sm_90.
+  static_assert(kSmemBytes <= 232448, "shared memory of one CTA past the 227 KiB of sm_90");
 
   // Global views that the TMA descriptors are built from (host side). B is (N, K, groups).
   static auto gmem_a(const Element* a, int64_t m, int64_t k, int64_t lda) {
@@ -114,9 +123,22 @@ struct Traits {
       return make_tensor(make_gmem_ptr(b), make_shape(int(n), int(k), groups), make_stride(_1{}, ldb, group_stride));
   }
   using TmaA = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0)));
-  // C staging: kBlockN / 64 sub-tiles of [kBlockM, 64], each one 128-byte swizzled TMA box.
-  using SmemLayoutC = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+  // C staging: kBlockN / kStoreCols sub-tiles of [kBlockM, kStoreCols], each one swizzled TMA box.
+  using SmemAtomC =
+      conditional_t<kStoreCols == 64, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutC = decltype(tile_to_shape(SmemAtomC{},
                                              make_shape(Int<kBlockM>{}, Int<kStoreCols>{}, Int<kBlockN / kStoreCols>{})));
+  // The byte offset in the staging buffer of the 16-byte chunk of tile row `row` that holds
+  // columns [8 j, 8 j + 8), by hand (sC's layout evaluated per element spilled). The 1 KiB-aligned
+  // buffer holds the sub-tiles one after the other, kBlockM rows of kStoreRowBytes each; the
+  // 128-byte (64-byte) swizzle XORs a chunk's index in its row with bits 7-9 (7-8) of the row's
+  // byte offset: staging_swizzle(row), row % 8 (128-byte rows) or (row / 2) % 4 (64-byte rows),
+  // the same for row + 8. Checked equal to &sC(row, col % kStoreCols, col / kStoreCols) for every
+  // element of the 96-, 128-, 192- and 256-column tiles (tests/cpp/gemm/test_store_swizzle.cu).
+  CCFUSE_HD static constexpr int staging_swizzle(int row) { return (row / (128 / kStoreRowBytes)) % kStoreChunks; }
+  CCFUSE_HD static constexpr int staging_chunk(int row, int j, int swizzle) {
+    return (j / kStoreChunks) * kStoreSubBytes + row * kStoreRowBytes + (((j % kStoreChunks) ^ swizzle) << 4);
+  }
   static auto gmem_c(Element* c, int64_t m, int64_t n, int64_t ldc) {
     return make_tensor(make_gmem_ptr(c), make_shape(int(m), int(n)), make_stride(ldc, _1{}));
   }
@@ -453,9 +475,10 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
 
 // The TMA-store epilogue (Traits::kTmaStore): wait until the previous tile's stores have read the
 // staging buffer, write this tile's values into it (swizzled: the 8 rows a warp writes at once
-// fall in 8 different 16-byte chunks, no bank conflicts), make them visible to the async proxy,
-// and let consumer thread 0 issue one TMA store per 64-column sub-tile (rows and columns past M, N
-// are clipped by TMA). Same fragment layout and the same epilogue arithmetic as store_tile:
+// fall in 8 different 16-byte bank groups, no bank conflicts, with either swizzle width), make
+// them visible to the async proxy, and let consumer thread 0 issue one TMA store per sub-tile of
+// Traits::kStoreCols columns (rows and columns past M, N are clipped by TMA). Same fragment
+// layout and the same epilogue arithmetic as store_tile:
 // the activation (SiLU-and-mul halves the tile's columns: gate | up halves of the tile, as in
 // store_tile) and the per-row scale, in fp32, before the one rounding to the output type.
 template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
@@ -466,7 +489,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
   constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
   constexpr int kOutCols = kGlu ? kBN / 2 : kBN;  // output columns of one tile
-  static_assert(kOutCols % kSub == 0, "whole 64-column TMA boxes per tile");
+  static_assert(kOutCols % kSub == 0, "whole TMA boxes (kStoreCols columns) per tile");
   constexpr int kThreads = 128 * Traits::kConsumerWGs;
   const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
   const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
@@ -480,15 +503,11 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   }
   if (consumer_idx == 0) tma_store_wait<0>();  // the previous tile's stores have read the buffer
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
-  Tensor sC = make_tensor(make_smem_ptr(ss.c), typename Traits::SmemLayoutC{});  // (BM, 64, BN / 64)
+  Tensor sC = make_tensor(make_smem_ptr(ss.c), typename Traits::SmemLayoutC{});  // (BM, kSub, BN / kSub)
   const int c0 = 2 * (lane % 4);
-  // The swizzled address of (row, col) by hand (sC's layout evaluated per element spilled): the
-  // 1 KiB-aligned buffer holds BN / 64 sub-tiles of BM rows x 128 bytes, and the 128-byte swizzle
-  // XORs a row's 16-byte chunk index with row % 8. Checked equal to &sC(row, col % 64, col / 64)
-  // for every element (docs/perf-notes.md, TMA-store epilogue).
-  constexpr int kSubBytes = Traits::kBlockM * kSub * int(sizeof(Element));
+  // The swizzled addresses by hand (Traits::staging_chunk).
   char* const c_bytes = reinterpret_cast<char*>(ss.c);
-  const int r8 = row % 8;  // = (row + 8) % 8
+  const int swizzle = Traits::staging_swizzle(row);  // = staging_swizzle(row + 8)
   CUTE_UNROLL
   for (int j = 0; j < kOutCols / 8; ++j) {
     CUTE_UNROLL
@@ -514,8 +533,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
         bits = *reinterpret_cast<uint32_t*>(&v);
       }
       // col = c0 + 8j is even: the pair stays inside one 16-byte chunk of the swizzled row.
-      const int offset = (j / 8) * kSubBytes + (row + 8 * h) * kSub * int(sizeof(Element)) + (((j % 8) ^ r8) << 4) +
-                         c0 * int(sizeof(Element));
+      const int offset = Traits::staging_chunk(row + 8 * h, j, swizzle) + c0 * int(sizeof(Element));
       *reinterpret_cast<uint32_t*>(c_bytes + offset) = bits;
     }
   }
@@ -525,7 +543,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
     const int out_n = kGlu ? p.n / 2 : p.n;  // the C tensor's columns (launch_gemm's tma_c)
     Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, out_n));
     Tensor gC = local_tile(domain_offset(make_coord(int(w.row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
-                           make_coord(0, _));  // (BM, 64, N / 64)
+                           make_coord(0, _));  // (BM, kSub, N / kSub)
     auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
     CUTE_UNROLL
     for (int s = 0; s < kOutCols / kSub; ++s)
@@ -966,7 +984,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (Epilogue::kHasNotify) {
         // Every consumer thread's stores happen-before the notify of the tile.
         asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
-        if (consumer_idx == 0) epi.notify(w);
+        if (consumer_idx == 0) {
+          if constexpr (Traits::kTmaStore) {
+            // A TMA-stored tile is written by the async proxy: wait until its writes (not only
+            // the staging reads) are complete, then order them before the generic-proxy release.
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+          }
+          epi.notify(w);
+        }
       }
       if constexpr (kTrace) {
         if (epi.trace != nullptr && consumer_idx == 0 && trace_index < epi.trace_slots) {

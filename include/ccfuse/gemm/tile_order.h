@@ -42,6 +42,18 @@ CCFUSE_HD TileCoord grouped_row_major(int64_t idx, int m_tiles, int n_tiles, int
   return TileCoord{first_m + int(local % rows), int(local / rows)};
 }
 
+// Sliced: the N tiles cut into slices of `slice` tiles (the last one may be narrower), every tile
+// of a slice (grouped row-major inside it) before any of the next. The columns of a slice are
+// final early, so they can be reduced or sent while the next slice computes (the MoE FFN's
+// layer 1 pre-sums a slice's columns beside the GEMM); A is read once per slice, B once.
+CCFUSE_HD TileCoord sliced_row_major(int64_t idx, int m_tiles, int n_tiles, int slice, int group_m) {
+  const int64_t per_slice = int64_t(m_tiles) * slice;
+  const int s = int(idx / per_slice);
+  const int width = int(min_i64(slice, int64_t(n_tiles) - int64_t(s) * slice));
+  const TileCoord c = grouped_row_major(idx - s * per_slice, m_tiles, width, group_m);
+  return TileCoord{c.m_tile, s * slice + c.n_tile};
+}
+
 // Column-major: all row tiles of an N-slice before the next slice.
 CCFUSE_HD TileCoord column_major(int64_t idx, int m_tiles) {
   return TileCoord{int(idx % m_tiles), int(idx / m_tiles)};

@@ -93,6 +93,11 @@ struct MoeFfnConfig {
   // store from registers. false: every tile from registers (128x256x64, 4 stages), as before
   // 2026-11-30. The plain grouped GEMM measured +15 % with it (docs/perf-notes.md).
   bool tma_store = true;
+  // Layer 1 with the pre-summed combine: CTAs that pre-sum each slice of columns beside the GEMM
+  // as soon as the GEMM has stored it (the GEMM takes its tiles slice by slice on the other SMs).
+  // -1 = the MoE tuner's count (presum_ctas_for: enough to hide the pre-sum's bytes), 0 = the
+  // pre-sum as a kernel after the GEMM (the rule before 2026-11-30).
+  int presum_ctas = -1;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.
@@ -142,6 +147,7 @@ class MoeFfn {
   std::unique_ptr<State> s_;
   void run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out,
                          cudaStream_t stream);
+  void run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only);
 };
 
 }  // namespace ccfuse::moe

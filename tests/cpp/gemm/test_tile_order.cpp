@@ -156,5 +156,31 @@ TEST(TileOrder, ColumnMajorVisitsEveryTileOnceColumnByColumn) {
   }
 }
 
+// Sliced order: the tiles of slice s (n in [s * slice, s * slice + width)) occupy exactly the
+// indices [s * m_tiles * slice, ... + m_tiles * width), in grouped row-major order inside; every
+// tile once.
+TEST(TileOrder, SlicedRowMajorVisitsEachTileOnceSliceBySlice) {
+  for (int m_tiles : {1, 3, 8, 13})
+    for (int n_tiles : {1, 4, 7, 16})
+      for (int slice : {1, 3, 4, 16})
+        for (int group_m : {1, 8}) {
+          if (slice > n_tiles) continue;
+          std::set<Tile> seen;
+          int64_t idx = 0;
+          for (int first_n = 0; first_n < n_tiles; first_n += slice) {
+            const int width = std::min(slice, n_tiles - first_n);
+            for (const Tile& t : expected_grouped(m_tiles, width, group_m)) {
+              const TileCoord c = sliced_row_major(idx, m_tiles, n_tiles, slice, group_m);
+              EXPECT_EQ(c.m_tile, t.first) << "idx " << idx << " m " << m_tiles << " n " << n_tiles << " slice " << slice;
+              EXPECT_EQ(c.n_tile, first_n + t.second) << "idx " << idx << " m " << m_tiles << " n " << n_tiles;
+              seen.insert({c.m_tile, c.n_tile});
+              ++idx;
+            }
+          }
+          EXPECT_EQ(idx, int64_t(m_tiles) * n_tiles);
+          EXPECT_EQ(seen.size(), size_t(m_tiles) * n_tiles);
+        }
+}
+
 }  // namespace
 }  // namespace ccfuse::gemm

@@ -1,0 +1,77 @@
+// The TMA-store epilogue's staging addresses on the host: store_tile_tma writes each accumulator
+// pair at Traits::staging_chunk(row, j, staging_swizzle(row)) + its byte in the chunk, computed by
+// hand; the TMA stores read the buffer through CuTe's swizzled layout (Traits::SmemLayoutC). Every
+// element of the tile must land where CuTe puts it, for both swizzle widths: 64-byte (the 128x96
+// tile's 32-column sub-tiles) and 128-byte (64-column sub-tiles of the other tiles).
+// Compiled by nvcc for the CuTe headers; runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "ccfuse/gemm/sm90_gemm.cuh"
+
+namespace ccfuse::gemm::sm90 {
+namespace {
+
+template <class Traits>
+void check_staging_addresses() {
+  using E = typename Traits::Element;
+  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  SCOPED_TRACE(::testing::Message() << "tile " << kBM << "x" << kBN << ", " << kSub << "-column sub-tiles");
+  // Addresses only (never read or written); 1 KiB-aligned like the shared-memory buffer, since the
+  // swizzle acts on address bits.
+  alignas(1024) static E buf[kBM * kBN];
+  Tensor sC = make_tensor(make_smem_ptr(buf), typename Traits::SmemLayoutC{});
+  const char* base = reinterpret_cast<const char*>(buf);
+  std::vector<int> hits(size_t(kBM) * kBN, 0);
+  for (int row = 0; row < kBM; ++row) {
+    const int swizzle = Traits::staging_swizzle(row);
+    // store_tile_tma computes it once per thread for rows `row` and `row + 8`.
+    if (row + 8 < kBM) ASSERT_EQ(Traits::staging_swizzle(row + 8), swizzle) << "row " << row;
+    for (int col = 0; col < kBN; ++col) {
+      const int ours = Traits::staging_chunk(row, col / 8, swizzle) + (col % 8) * int(sizeof(E));
+      const auto cute = reinterpret_cast<const char*>(&sC(row, col % kSub, col / kSub)) - base;
+      ASSERT_EQ(ours, cute) << "row " << row << " col " << col;
+      ASSERT_EQ(ours % int(sizeof(E)), 0);
+      ASSERT_GE(ours, 0);
+      ASSERT_LT(ours, kBM * kBN * int(sizeof(E)));
+      ++hits[size_t(ours) / sizeof(E)];
+    }
+  }
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "element slot " << i;
+}
+
+using Bf16 = cutlass::bfloat16_t;
+using Fp16 = cutlass::half_t;
+
+TEST(GemmStoreSwizzle, N96TileMatchesCuteWith64ByteSwizzle) {
+  using T = Traits<Bf16, 128, 96, 64, 7, true, 1, true>;
+  static_assert(T::kStoreCols == 32 && T::kStoreRowBytes == 64, "96 columns: 32-column boxes, 64-byte swizzle");
+  check_staging_addresses<T>();
+  check_staging_addresses<Traits<Fp16, 128, 96, 64, 7, true, 2, true>>();
+}
+
+TEST(GemmStoreSwizzle, WideTilesMatchCuteWith128ByteSwizzle) {
+  using T = Traits<Bf16, 128, 256, 64, 3, true, 1, true>;
+  static_assert(T::kStoreCols == 64 && T::kStoreRowBytes == 128, "64-column boxes, 128-byte swizzle");
+  check_staging_addresses<T>();
+  check_staging_addresses<Traits<Bf16, 128, 192, 64, 4, true, 2, true>>();
+  check_staging_addresses<Traits<Fp16, 128, 128, 64, 5, false, 1, true>>();
+}
+
+// What the 128x96 tile relies on besides the staging buffer: one wgmma instruction of n = 96 per
+// k-step (48 fp32 accumulators per consumer thread, store_tile_tma's fragment layout), and its 7
+// stages within the 227 KiB of shared memory of a CTA (also a static_assert in Traits).
+TEST(GemmStoreSwizzle, N96TileShape) {
+  using T = Traits<Bf16, 128, 96, 64, 7, true, 1, true>;
+  using T16 = Traits<Fp16, 128, 96, 64, 7, true, 2, true>;
+  static_assert(size<1>(typename MMA_Traits<typename T::MmaOp>::Shape_MNK{}) == 96, "wgmma n96");
+  static_assert(size<1>(typename MMA_Traits<typename T16::MmaOp>::Shape_MNK{}) == 96, "wgmma n96 (fp16)");
+  using Accum = decltype(partition_fragment_C(typename T::TiledMma{}, Shape<Int<128>, Int<96>>{}));
+  static_assert(decltype(size(typename Accum::layout_type{}))::value == 48, "48 accumulators per consumer thread");
+  EXPECT_LE(T::kSmemBytes, size_t(232448));
+  EXPECT_EQ(T::kSmemBytes, size_t(221 * 1024)) << "7 x 28 KiB of A/B + 24 KiB of C staging, barriers in the padding";
+}
+
+}  // namespace
+}  // namespace ccfuse::gemm::sm90
