@@ -295,14 +295,15 @@ if [[ " $what " == *" moe_ab "* ]]; then
   # default = the MoE tuner's choice per case (moe_tuner.h); the others force one setting.
   # allgather: layer 0's all-gather dispatch, the tuner's other choices (measured 2026-11-30:
   # slower than all-to-all on every case; opt-in). regstore: the layers' grouped GEMMs store from
-  # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30). presumafter: layer 1's
-  # pre-sum as a kernel after the GEMM (MoeFfnConfig::presum_ctas = 0) instead of beside it.
+  # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30). presumbeside: layer 1's
+  # pre-sum in side CTAs beside the GEMM (MoeFfnConfig::presum_ctas = -1, the tuner's estimate;
+  # measured slower 2026-11-30) instead of after it.
   # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default regstore").
   for variant in ${CCFUSE_MOE_AB_VARIANTS:-default regstore perslot interleave owner}; do
     combine=""; order=""; mode=""; tma=""
     [[ $variant == *perslot* ]] && combine=perslot
     [[ $variant == regstore ]] && tma=0
-    presum=""; [[ $variant == presumafter ]] && presum=0
+    presum=""; [[ $variant == presumbeside ]] && presum=-1
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
     [[ $variant == allgather ]] && mode=allgather
@@ -325,14 +326,14 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
   # pdl (EXPERIMENT, written 2026-11-30): the GEMMs launched with programmatic dependent launch
   # after their entry barrier (CCFUSE_TP_PDL=1, every op).
-  # bn256: ag_gemm with 256-column tiles everywhere (CCFUSE_AG_BLOCK_N=256; the default takes 192
-  # where gemm::choose_config does, since 2026-11-30).
+  # bn192: ag_gemm with 192-column tiles (CCFUSE_AG_BLOCK_N=192; opt-in, measured 0.97-1.04x the
+  # 256 tile's time 2026-11-30). bn256: the default, explicitly.
   # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
   for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
     case $variant in
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
-      bn256) vars=(CCFUSE_AG_BLOCK_N=256 CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
+      bn256|bn192) vars=(CCFUSE_AG_BLOCK_N=${variant#bn} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       *) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm) ;;
     esac
     env "${vars[@]}" OUT="$OUT/$variant" bash "$0" tp > "$OUT/tp_$variant.log" 2>&1 || status=1
@@ -405,9 +406,9 @@ PY
   summary+=("gemm stream-K diagnosis: gemm_streamk_summary.log")
 fi
 if [[ " $what " == *" gemm_n96 "* ]]; then
-  # EXPERIMENT (written 2026-11-30, not yet run): the 128x96 TMA-store tile (CCFUSE_GEMM_TILE_N=96,
-  # 7 stages, 32-column TMA boxes) against the engine's choice and cuBLASLt on the one-wave shapes
-  # where cuBLASLt takes 96- or 80-column tiles, and two controls.
+  # The 128x96 TMA-store tile (CCFUSE_GEMM_TILE_N=96, 7 stages, 32-column TMA boxes; opt-in,
+  # measured 2026-11-30: faster only on 1024x1280x8192) against the engine's choice and cuBLASLt
+  # on the one-wave shapes where cuBLASLt takes 96- or 80-column tiles, and controls.
   gemm_ab gemm_n96 CCFUSE_GEMM_TILE_N 96 "1024 1536 4096" "1024 1280 8192" "1024 768 4096" "4096 1280 8192" \
     "1024 5120 8192" "1024 3584 4096" "4096 4096 4096" "8192 1536 8192"
   summary+=("gemm 128x96 tile A/B: gemm_n96_summary.log")

@@ -43,9 +43,11 @@ constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
 // (1024x1536x4096) 79 -> 60 %.
 constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
 // The 96-column TMA-store tile (opt-in, choose_config does not pick it): for one-wave problems
-// where cuBLASLt takes 96- or 80-column tiles (1024x1536x4096: 96 tiles of 128x128, 128 of
-// 128x96). 7 stages: 7 x 28 KiB of A/B + 24 KiB of C staging (32-column TMA boxes, 64-byte
-// swizzle) = 221 KiB. B [N, K] only: B [K, N] is loaded in 64-column swizzle atoms.
+// where cuBLASLt takes 96- or 80-column tiles. 7 stages: 7 x 28 KiB of A/B + 24 KiB of C staging
+// (32-column TMA boxes, 64-byte swizzle) = 221 KiB. B [N, K] only: B [K, N] is loaded in
+// 64-column swizzle atoms. Measured 2026-11-30: 1024x1280x8192 70 -> 82 % of cuBLASLt, but
+// 1024x1536x4096 86 -> 83 % and ~0.8 of the wide tile's speed per FLOP elsewhere (4096^3: 81 %),
+// so the wave model cannot tell its one win from its losses.
 constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 
 template <class Traits>
@@ -277,7 +279,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
     const Option whole_192{kTmaStoreN192Shape, true, false,
                            waves(tiles_of(kTmaStoreN192Shape)) * double(k_tiles) * 1.5 / eff_192};
     if (whole_192.time < best.time * (1 - 1e-9)) best = whole_192;
-    // Not the 128x96 tile (kTmaStoreN96Shape): opt-in until measured.
+    // Not the 128x96 tile (kTmaStoreN96Shape): measured slower but on one shape.
   }
   if (tma_ok && !grouped && k_tiles >= 4) {
     const StreamKPlan sk = make_stream_k_plan(tiles_of(narrow), int(k_tiles), sms);

@@ -138,7 +138,7 @@ struct AgGemm::State {
   // Copy engine: fixed-value flags (one per copy of every band), a side stream per peer, events.
   std::unique_ptr<comm::SignalSet> ce_sig;
   int copy_rows = 0;
-  int block_n = 256;  // the kernel's tile width (AgGemmConfig::block_n resolved)
+  int block_n = 256;  // the kernel's tile width (AgGemmConfig::block_n; 0 = 256)
   std::vector<cudaStream_t> side;
   cudaEvent_t start = nullptr;
   std::vector<cudaEvent_t> done;
@@ -168,20 +168,11 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
   return p;
 }
 
-// block_n = 0: the GEMM engine's choice for the same [M, N, K] problem on the GEMM's CTAs
-// (gemm::choose_config's wave model), narrowed to what this kernel is built for: 192 where it
-// picks 192, else 256 (its 128-column tile and split-K have no banded, flag-waiting twin here).
-int auto_block_n(const AgGemmDesc& d, const AgGemmConfig& c) {
-  if (d.n % 8 != 0 || c.cluster_m != 1 || c.transport != AgTransport::kSendWarps) return 256;
-  const int sms = c.num_sms > 0 ? c.num_sms : gemm::current_device_sms();
-  return gemm::choose_config(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), sms).block_n == 192 ? 192 : 256;
-}
-
 std::string to_string(const AgGemmConfig& c, int num_sms, const AgGemmDesc* desc) {
   std::ostringstream os;
-  const int bn = c.block_n != 0 ? c.block_n : desc != nullptr ? auto_block_n(*desc, c) : 0;
-  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x"
-     << (bn != 0 ? std::to_string(bn) : std::string("auto")) << "x64 epilogue=tma_store(n%8==0) cluster="
+  (void)desc;
+  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x" << (c.block_n == 192 ? 192 : 256)
+     << "x64 epilogue=tma_store(n%8==0) cluster="
      << c.cluster_m << " chunk_rows=" << kBlockM;
   if (c.transport == AgTransport::kCopyEngine) {
     os << " group_m=" << c.group_m << " push=" << transport_name(c.transport) << "(copy_rows="
@@ -222,7 +213,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.block_n != 192 || (d.n % 8 == 0 && cfg.cluster_m == 1 && cfg.transport == AgTransport::kSendWarps),
                    "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (", d.n,
                    ") a multiple of 8, cluster_m 1 (got ", cfg.cluster_m, ") and the send-warp transport");
-  s_->block_n = cfg.block_n != 0 ? cfg.block_n : auto_block_n(d, cfg);
+  s_->block_n = cfg.block_n == 192 ? 192 : 256;
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
   s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
   if (cfg.transport == AgTransport::kCopyEngine) {

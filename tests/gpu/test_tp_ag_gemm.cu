@@ -176,10 +176,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                  true},
                                            Shape{512, 520, 776, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  true},
-                                           // 192-column tiles (written 2026-11-30): partial column tiles
-                                           // (520 = 2 x 192 + 136, 1000 = 5 x 192 + 40), both layouts, PDL, and
-                                           // a shape whose auto rule picks 192 (8192x768x1024: 2 waves of 256
-                                           // tiles of 192 against 3 of 384 of 128, gemm::choose_config)
+                                           // 192-column tiles (opt-in; passed on 2x H200 2026-11-30): partial
+                                           // column tiles (520 = 2 x 192 + 136, 1000 = 5 x 192 + 40), both
+                                           // layouts, PDL; and a many-row shape at the default
                                            Shape{512, 520, 776, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  false, 192},
                                            Shape{1024, 1000, 1024, gemm::BLayout::kKN, 0, AgTransport::kSendWarps, 0, 1,

@@ -93,11 +93,12 @@ struct MoeFfnConfig {
   // store from registers. false: every tile from registers (128x256x64, 4 stages), as before
   // 2026-11-30. The plain grouped GEMM measured +15 % with it (docs/perf-notes.md).
   bool tma_store = true;
-  // Layer 1 with the pre-summed combine: CTAs that pre-sum each slice of columns beside the GEMM
-  // as soon as the GEMM has stored it (the GEMM takes its tiles slice by slice on the other SMs).
-  // -1 = the MoE tuner's count (presum_ctas_for: enough to hide the pre-sum's bytes), 0 = the
-  // pre-sum as a kernel after the GEMM (the rule before 2026-11-30).
-  int presum_ctas = -1;
+  // Layer 1 with the pre-summed combine: 0 = the pre-sum as a kernel after the GEMM (default);
+  // n > 0 = n CTAs that pre-sum each slice of columns beside the GEMM as soon as the GEMM has
+  // stored it (the GEMM takes its tiles slice by slice on the other SMs); -1 = the MoE tuner's
+  // estimate (presum_ctas_for). Beside the GEMM measured slower, 2026-11-30: the sliced order
+  // costs the GEMM its L2 reuse of A and the side CTAs their SMs (Mixtral layer 1 2.39 vs 1.76 ms).
+  int presum_ctas = 0;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.

@@ -31,7 +31,7 @@ struct MoeChoice {
   int send_warps_per_cta = 3;  // the producer warpgroup's idle warps that copy rows
   int unit_rows = 128;     // rows per dispatch unit and flag (one GEMM row tile)
   // Layer 1 (pre-summed combine): side CTAs that pre-sum each column slice beside the GEMM
-  // (MoeFfnConfig::presum_ctas; presum_ctas_for).
+  // (MoeFfnConfig::presum_ctas). 0: measured slower beside the GEMM (2026-11-30), so after it.
   int presum_ctas = 0;
   // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
   // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
@@ -52,9 +52,9 @@ const char* auto_combine(int topk, int world_size);
 // is neither 0 (unknown) nor >= 1.
 MoeChoice choose_moe_config(const MoeProblem& problem);
 
-// Layer 1's pre-sum side CTAs for a problem: enough to move the pre-sum's bytes (presum_bytes)
-// within the layer-1 GEMM's time (layer1_gemm_seconds) at kPresumCtaGbps a CTA, clamped to
-// [kPresumMinCtas, kPresumMaxCtas]. Estimates for uniform routing.
+// Layer 1's pre-sum side CTAs for a problem (MoeFfnConfig::presum_ctas = -1, opt-in): enough to
+// move the pre-sum's bytes (presum_bytes) within the layer-1 GEMM's time (layer1_gemm_seconds) at
+// kPresumCtaGbps a CTA, clamped to [kPresumMinCtas, kPresumMaxCtas]. Estimates, uniform routing.
 int presum_ctas_for(const MoeProblem& problem);
 double presum_bytes(const MoeProblem& problem);
 double layer1_gemm_seconds(const MoeProblem& problem);
@@ -68,8 +68,9 @@ struct MoeTunerConstants {
   static constexpr int64_t kInterleaveMinTokens = 8192;  // interleaved sends won from here (balanced)
   static constexpr double kInterleaveMaxImbalance = 1.25;
   static constexpr int kPresumMaxTopk = 32;
-  // Layer 1's pre-sum beside the GEMM (written 2026-11-30, to be measured): bytes a side CTA moves
-  // per second (an estimate: ~4.8 TB/s of HBM over 132 SMs, at 85 %), and the CTA count's bounds.
+  // Layer 1's pre-sum beside the GEMM (opt-in, MoeFfnConfig::presum_ctas = -1; measured slower
+  // 2026-11-30): bytes a side CTA moves per second (an estimate: ~4.8 TB/s of HBM over 132 SMs,
+  // at 85 %), and the CTA count's bounds.
   static constexpr double kPresumCtaGbps = 30;
   static constexpr int kPresumMinCtas = 4;
   static constexpr int kPresumMaxCtas = 32;

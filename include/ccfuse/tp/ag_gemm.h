@@ -56,9 +56,10 @@ struct AgGemmConfig {
   // only (the copy engine's event fork sits between the two kernels). Tool env CCFUSE_TP_PDL=1.
   bool overlap_entry = false;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
-  // Columns per tile: 256, 192 (TMA-store epilogue only: n a multiple of 8, cluster_m 1), or 0 =
-  // auto: 192 where the GEMM engine's choose_config picks its 128x192 tile for the same problem
-  // (it filled the waves better and ran 9 % faster on 8192x14336x8192, 2026-11-30), else 256.
+  // Columns per tile: 0 or 256, or 192 (TMA-store epilogue with send warps: n a multiple of 8,
+  // cluster_m 1). Measured 2026-11-30 on the ag_gemm shapes where the GEMM engine picks 192: 0.97-
+  // 1.04x the 256 tile's time (the plain GEMM gained up to 9 %; here the waits and the push set
+  // the pace), so 256 stays the default.
   int block_n = 0;
   int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;
@@ -70,7 +71,7 @@ struct AgGemmConfig {
 };
 
 // "gemm_ctas=132 block=128x256x64 chunk_rows=128 pieces_per_chunk=auto group_m=8 push=send-warps"
-// With the problem (desc), block_n = 0 is printed as what it resolves to; without it, "auto".
+// desc: the problem (unused so far; the tile width does not depend on it).
 std::string to_string(const AgGemmConfig& config, int num_sms, const AgGemmDesc* desc = nullptr);
 
 class AgGemm {
