@@ -209,7 +209,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
                    s_->m_local);
   gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{128, 256, 64, 4, 0});
   CCFUSE_ARG_CHECK(cfg.block_n == 0 || cfg.block_n == 256 || cfg.block_n == 192, "block_n ", cfg.block_n,
-                   " must be 0 (auto), 256 or 192");
+                   " must be 0 (= 256), 256 or 192");
   CCFUSE_ARG_CHECK(cfg.block_n != 192 || (d.n % 8 == 0 && cfg.cluster_m == 1 && cfg.transport == AgTransport::kSendWarps),
                    "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (", d.n,
                    ") a multiple of 8, cluster_m 1 (got ", cfg.cluster_m, ") and the send-warp transport");

@@ -552,6 +552,17 @@ TEST(GemmValidation, TmaStoreRules) {
 
 // The 96-column TMA-store tile (opt-in): whole tiles of B [N, K] in clusters of 1 or 2; not B
 // [K, N], whose 64-column swizzle atoms do not tile it, nor cut or grouped; never chosen.
+// validate(desc, cfg) must throw InvalidArgument with exactly `message`.
+template <class Desc>
+void expect_invalid(const Desc& d, const GemmConfig& cfg, const char* message) {
+  try {
+    validate(d, cfg);
+    ADD_FAILURE() << "accepted; expected: " << message;
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), message);
+  }
+}
+
 TEST(GemmValidation, N96TileRules) {
   GemmDesc d = make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK);
   GemmConfig cfg{128, 96, 64, 7};
@@ -563,40 +574,22 @@ TEST(GemmValidation, N96TileRules) {
   EXPECT_NO_THROW(validate(d, cfg));
   EXPECT_EQ(to_string(cfg), "block=128x96x64 stages=7 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store");
   d.b_layout = BLayout::kKN;
-  try {
-    validate(d, cfg);
-    ADD_FAILURE() << "128x96 with B [K, N] accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "tile 128x96 needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, "
-                           "which do not tile 96 columns");
-  }
+  expect_invalid(d, cfg,
+                 "tile 128x96 needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which do "
+                 "not tile 96 columns");
   d.b_layout = BLayout::kNK;
   cfg.cluster_m = 1;
   cfg.split_k = 2;
-  try {
-    validate(d, cfg);
-    ADD_FAILURE() << "128x96 with split-K accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
-  }
+  expect_invalid(d, cfg, "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
   cfg.split_k = 1;
   cfg.stream_k = true;
-  try {
-    validate(d, cfg);
-    ADD_FAILURE() << "128x96 with stream-K accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "stream_k with tma_store is built for the 128x128x64/5 tile");
-  }
+  expect_invalid(d, cfg, "stream_k with tma_store is built for the 128x128x64/5 tile");
   cfg.stream_k = false;
   GemmConfig other = cfg;
   other.stages = 6;  // 7 is the one built
-  try {
-    validate(d, other);
-    ADD_FAILURE() << "128x96 with 6 stages accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "tile 128x96x64 with 6 stages is not built with tma_store (built: 128x256x64/3, "
-                           "128x192x64/4, 128x128x64/5, 128x96x64/7)");
-  }
+  expect_invalid(d, other,
+                 "tile 128x96x64 with 6 stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, "
+                 "128x128x64/5, 128x96x64/7)");
   other = cfg;
   other.tma_store = false;  // registers: not built
   EXPECT_THROW(validate(d, other), InvalidArgument);
@@ -606,13 +599,8 @@ TEST(GemmValidation, N96TileRules) {
   g.n = 192;
   g.k = 128;
   g.b_layout = BLayout::kNK;
-  try {
-    validate(g, cfg);
-    ADD_FAILURE() << "128x96 in a grouped GEMM accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not "
-                           "128x96");
-  }
+  expect_invalid(g, cfg,
+                 "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x96");
   // Opt-in: choose_config keeps its picks on the shapes the tile is meant for.
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1536, 4096}, {1024, 1280, 8192},
                                 {1024, 768, 4096}}) {

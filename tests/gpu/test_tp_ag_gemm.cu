@@ -202,64 +202,40 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
   CCFUSE_REQUIRE_GPUS(2);
   comm::run_local_world(all_devices(), [&](comm::Team& team) {
     const int w = team.world_size();
+    // The constructor (collective) must throw InvalidArgument with exactly `message`.
+    auto expect_error = [&](const AgGemmDesc& d, const AgGemmConfig& cfg, const std::string& message) {
+      try {
+        AgGemm op(team, d, cfg);
+        ADD_FAILURE() << "no error; expected: " << message;
+      } catch (const InvalidArgument& e) {
+        EXPECT_EQ(std::string(e.what()), message);
+      }
+    };
     AgGemmDesc d;
     d.m = 128 * w + 1;
     d.n = 256;
     d.k = 256;
-    try {
-      AgGemm op(team, d);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()), detail::str_cat("m ", d.m, " is not divisible by the world size ", w));
-    }
+    expect_error(d, {}, detail::str_cat("m ", d.m, " is not divisible by the world size ", w));
     d.m = 64 * w;
-    try {
-      AgGemm op(team, d);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()),
-                "m / world_size = 64 must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
-    }
+    expect_error(d, {}, "m / world_size = 64 must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
     d.m = 512 * w;
     AgGemmConfig cfg;
     cfg.transport = AgTransport::kCopyEngine;
     cfg.copy_rows = 384;
-    try {
-      AgGemm op(team, d, cfg);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()),
-                "copy_rows 384 must be 0 (auto) or a multiple of 128 that divides m / world_size = 512");
-    }
+    expect_error(d, cfg, "copy_rows 384 must be 0 (auto) or a multiple of 128 that divides m / world_size = 512");
     d.m = 384 * w;
     cfg = AgGemmConfig{};
     cfg.cluster_m = 2;
-    try {
-      AgGemm op(team, d, cfg);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()),
-                "cluster_m 2 needs m / world_size = 384 to be a multiple of 256 (tile pairs inside a band)");
-    }
+    expect_error(d, cfg, "cluster_m 2 needs m / world_size = 384 to be a multiple of 256 (tile pairs inside a band)");
     d.m = 512 * w;
     cfg = AgGemmConfig{};
     cfg.block_n = 128;
-    try {
-      AgGemm op(team, d, cfg);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()), "block_n 128 must be 0 (auto), 256 or 192");
-    }
+    expect_error(d, cfg, "block_n 128 must be 0 (= 256), 256 or 192");
     cfg.block_n = 192;
     cfg.cluster_m = 2;
-    try {
-      AgGemm op(team, d, cfg);
-      ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()),
-                "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (256) a multiple of 8, "
-                "cluster_m 1 (got 2) and the send-warp transport");
-    }
+    expect_error(d, cfg,
+                 "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (256) a multiple of 8, "
+                 "cluster_m 1 (got 2) and the send-warp transport");
   });
 }
 

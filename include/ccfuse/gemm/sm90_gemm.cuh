@@ -418,6 +418,27 @@ struct Params {
 // 8-column group j, columns 8j + 2 (lane % 4) + {0, 1} of rows 16 warp + lane / 4 (values 4j,
 // 4j + 1) and 8 rows below (values 4j + 2, 4j + 3). With kSiluMul the gate of output column c
 // is tile column c and its up is tile column c + BLOCK_N / 2: group j pairs with j + BLOCK_N / 16.
+// The output pair (columns 8j + c0, 8j + c0 + 1 of fragment half h) of a tile's accumulators,
+// the epilogue's arithmetic in fp32: the activation (SiLU-and-mul pairs gate column j with up
+// column j + kBN / 16 of the same tile) and the per-row scale (1 without one). Shared by the
+// register and the TMA-store epilogues.
+template <int kBN, class Epilogue, class Accum>
+__device__ __forceinline__ float2 output_pair(const Accum& accum, int j, int h, float scale) {
+  float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
+  if constexpr (Epilogue::kAct == Activation::kSiluMul) {
+    v0 = silu(v0) * accum(4 * (j + kBN / 16) + 2 * h);
+    v1 = silu(v1) * accum(4 * (j + kBN / 16) + 2 * h + 1);
+  } else if constexpr (Epilogue::kAct == Activation::kGelu) {
+    v0 = gelu_erf(v0);
+    v1 = gelu_erf(v1);
+  }
+  if constexpr (Epilogue::kHasRowScale) {
+    v0 *= scale;
+    v1 *= scale;
+  }
+  return make_float2(v0, v1);
+}
+
 template <class Traits, class Epilogue, class Accum>
 __device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                            const Accum& accum, int consumer_idx, const TileWork& w) {
@@ -449,16 +470,8 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
     for (int h = 0; h < 2; ++h) {
       if (!row_ok[h]) continue;
       Element* dst = base + h * 8 * ldc + 8 * j;
-      float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
-      if constexpr (kGlu) {
-        v0 = silu(v0) * accum(4 * (j + kBN / 16) + 2 * h);
-        v1 = silu(v1) * accum(4 * (j + kBN / 16) + 2 * h + 1);
-      } else if constexpr (Epilogue::kAct == Activation::kGelu) {
-        v0 = gelu_erf(v0);
-        v1 = gelu_erf(v1);
-      }
-      v0 *= scale[h];
-      v1 *= scale[h];
+      const float2 pv = output_pair<kBN, Epilogue>(accum, j, h, scale[h]);
+      const float v0 = pv.x, v1 = pv.y;
       if (pairs && col + 1 < out_n) {
         if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
           *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
@@ -512,18 +525,8 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   for (int j = 0; j < kOutCols / 8; ++j) {
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
-      float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
-      if constexpr (kGlu) {
-        v0 = silu(v0) * accum(4 * (j + kBN / 16) + 2 * h);
-        v1 = silu(v1) * accum(4 * (j + kBN / 16) + 2 * h + 1);
-      } else if constexpr (Epilogue::kAct == Activation::kGelu) {
-        v0 = gelu_erf(v0);
-        v1 = gelu_erf(v1);
-      }
-      if constexpr (Epilogue::kHasRowScale) {
-        v0 *= scale[h];
-        v1 *= scale[h];
-      }
+      const float2 pv = output_pair<kBN, Epilogue>(accum, j, h, scale[h]);
+      const float v0 = pv.x, v1 = pv.y;
       uint32_t bits;
       if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
         __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
