@@ -49,6 +49,14 @@ namespace ccfuse::gemm::sm90 {
 
 using namespace cute;
 
+// Registers a thread of the producer warpgroup keeps when the epilogue has send warps (their copy
+// loops). 56 spills the MoE layer-0 kernels' send warps (792 bytes of spill stores, ptxas); 72
+// does not (80), leaving the consumers 216 instead of 224 (EXPERIMENT, written 2026-11-30, not
+// yet run: build with -DCCFUSE_SEND_WARP_REGS=72, tools/stage_variant.sh).
+#ifndef CCFUSE_SEND_WARP_REGS
+#define CCFUSE_SEND_WARP_REGS 56
+#endif
+
 #ifndef CCFUSE_ADDEND_BATCH
 #define CCFUSE_ADDEND_BATCH 8  // column groups of a partial tile loaded per batch (add_addends)
 #endif
@@ -757,8 +765,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // producer warpgroup gives back must cover what the consumers take, or their
   // setmaxnreg.inc waits forever: 128 * (168 - P) >= 256 * (C - 168).
   // (56 / 224 against 40 / 232 measured the same for gemm_rs: perf-notes, send warps.)
-  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? 56 : 40;
-  constexpr int kConsumerRegs = Epilogue::kHasSendWarps ? 224 : 232;
+  // With send warps the producer warpgroup keeps CCFUSE_SEND_WARP_REGS registers a thread and the
+  // consumers get what is left of the 64K: 168 + (168 - P) / 2 (56 -> 224, 72 -> 216).
+  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? CCFUSE_SEND_WARP_REGS : 40;
+  constexpr int kConsumerRegs = Epilogue::kHasSendWarps ? 168 + (168 - CCFUSE_SEND_WARP_REGS) / 2 : 232;
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
   static_assert(Traits::kThreads != 384 || 128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168),
                 "register hand-over must balance");
   const int warp_group = threadIdx.x / 128;
