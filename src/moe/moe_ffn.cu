@@ -531,8 +531,8 @@ __global__ void row_of_kernel(const int2* row_src, const int64_t* row_prefix, in
 // One (source, token) item's pre-sum by one warp: dst[v] = the sum of the token's live rows of y
 // (lane j of `mine` holds slot j's row, -1 = none) over the 16-byte pieces [v0, v1), v1 - v0 a
 // multiple of 32 (whole 256-column tiles), fp32 inside. Two pieces a lane and up to 8 slots a
-// batch are loaded before any is added (16 loads in flight: one at a time left the pre-sum
-// latency-bound at ~1.3 TB/s, 2026-11-30).
+// batch are loaded before any is added (16 loads in flight; one at a time before, measured
+// 2026-11-30: Qwen3 T = 4096 layer 1 0.366 -> 0.335 ms, DeepSeek-like T = 16384 8.77 -> 8.49).
 __device__ __forceinline__ void presum_item(const Geometry& g, int32_t mine, const E* y, int4* dst, int v0, int v1) {
   const int lane = threadIdx.x % 32;
   for (int v = v0 + lane; v < v1; v += 64) {
