@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -270,6 +270,8 @@ if [[ " $what " == *" moe_diag "* ]]; then
   # Where the MoE FFN's time goes beyond its grouped GEMMs (diagnostic: the results are wrong on
   # purpose, CCFUSE_MOE_DIAG; docs/perf-notes.md): T = 4096 uniform, each model, the default and
   # l0pre (layer 0's preparation kernels alone), nowait (no per-tile waits), nosend (no dispatch),
+  # l0plain / l0sw / l0ready (layer 0's GEMM, no dispatch or waits, with a plain grouped schedule
+  # and epilogue / with its idle send warps / with its ready schedule),
   # l1gemm (layer 1 without the pre-sum and combine kernels). One line per (variant, model).
   : > "$OUT/moe_diag.jsonl"; : > "$OUT/moe_diag.log"
   for diag in ${CCFUSE_MOE_DIAGS:-none l0pre nowait nosend l1gemm}; do
@@ -412,6 +414,22 @@ if [[ " $what " == *" gemm_n96 "* ]]; then
   gemm_ab gemm_n96 CCFUSE_GEMM_TILE_N 96 "1024 1536 4096" "1024 1280 8192" "1024 768 4096" "4096 1280 8192" \
     "1024 5120 8192" "1024 3584 4096" "4096 4096 4096" "8192 1536 8192"
   summary+=("gemm 128x96 tile A/B: gemm_n96_summary.log")
+fi
+if [[ " $what " == *" gemm_raster "* ]]; then
+  # The tile raster (L2 reuse) on the large sweep shapes at 92-95 % of cuBLASLt: the engine's
+  # choice (row-major in groups of 8 row tiles), groups of 4 and 16, column-major; each shape's
+  # variants back to back, each against cuBLASLt in its own bench.
+  : > "$OUT/gemm_raster.jsonl"; : > "$OUT/gemm_raster.log"
+  for shape in "8192 7168 4096" "4096 14336 4096" "16384 4096 2048" "16384 3584 4096" "8192 14336 4096" \
+               "16384 3072 4096"; do
+    for v in "" CCFUSE_GEMM_GROUP_M=4 CCFUSE_GEMM_GROUP_M=16 CCFUSE_GEMM_ORDER=col; do
+      set -- $shape
+      env $v timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_raster.jsonl" < /dev/null >> "$OUT/gemm_raster.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/gemm_raster.jsonl" 2>&1 | tee "$OUT/gemm_raster_summary.log"
+  summary+=("gemm raster A/B (default, group_m 4, 16, column-major per shape): gemm_raster_summary.log")
 fi
 if [[ " $what " == *" gemm_n192 "* ]]; then
   # The 128x192 TMA-store tile (CCFUSE_GEMM_TILE_N=192; measured 2026-11-30, now chosen by the model)

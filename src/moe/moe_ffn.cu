@@ -1008,8 +1008,8 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.chunk_base = s.plan.chunk_base;
   sched.sig = s.sig->device();
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
-  // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone). The
-  // results are wrong then.
+  // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone), "l0plain"
+  // (below). The results are wrong then.
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   const bool no_send = diag != nullptr && (std::strncmp(diag, "nosend", 6) == 0 || std::strstr(diag, ",nosend") != nullptr);
   sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
@@ -1043,6 +1043,35 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   const bool nk = d.b_layout == gemm::BLayout::kNK;
   // "l0pre": stop before the GEMM (the preparation kernels' time alone).
   if (diag != nullptr && std::strstr(diag, "l0pre") != nullptr) return;
+  // Layer 0's GEMM with parts of its machinery left out (no dispatch, no waits; with SwiGLU):
+  // "l0plain" a plain grouped schedule and epilogue (against "nosend": the cost of the send warps
+  // and the ready schedule; against the grouped GEMM alone: the SwiGLU epilogue's), "l0sw" the
+  // plain schedule with layer 0's epilogue (its idle send warps), "l0ready" layer 0's schedule
+  // with the plain epilogue.
+  if (diag != nullptr && d.swiglu &&
+      (std::strstr(diag, "l0plain") != nullptr || std::strstr(diag, "l0sw") != nullptr ||
+       std::strstr(diag, "l0ready") != nullptr)) {
+    const gemm::sm90::GroupedSchedule plain = sched;
+    const gemm::sm90::ActivationEpilogue<Activation::kSiluMul, false> act;
+    auto go = [&](const auto& sc, const auto& ep) {
+      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sc, ep,
+                   sms, s.geo.epr, stream);
+    };
+    if (std::strstr(diag, "l0sw") != nullptr) {
+      L0Epilogue<Activation::kSiluMul> epi;
+      fill(epi);
+      epi.diag_no_send = true;
+      go(plain, epi);
+    } else if (std::strstr(diag, "l0ready") != nullptr) {
+      L0Schedule ready = sched;
+      ready.diag_no_wait = true;
+      go(ready, act);
+    } else {
+      go(plain, act);
+    }
+    CCFUSE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (d.swiglu) {
     L0Epilogue<Activation::kSiluMul> epi;
     fill(epi);

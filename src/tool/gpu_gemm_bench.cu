@@ -198,6 +198,8 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
+//   CCFUSE_GEMM_GROUP_M=N    the row-major raster in groups of N row tiles (default 8)
+//   CCFUSE_GEMM_ORDER=col    the column-major raster
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   const gemm::GemmDesc desc = desc_of(o);
   gemm::GemmConfig cfg = gemm::choose_config(desc, dev.budget);
@@ -221,6 +223,9 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TILE_N") == "96") force(96, 7, false, 1, pairs);
   if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
   if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);
+  // The tile raster on top of any of the above (L2 reuse): rows of group_m tiles, or column-major.
+  if (const int g = std::atoi(env("CCFUSE_GEMM_GROUP_M").c_str()); g > 0) cfg.group_m = g;
+  if (env("CCFUSE_GEMM_ORDER") == "col") cfg.order = gemm::TileOrder::kColumnMajor;
   gemm::validate(desc, cfg);
   return cfg;
 }
