@@ -401,6 +401,7 @@ const char* const kUsage =
     "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n"
     "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n"
     "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n"
+    "  CCFUSE_MOE_GROUPED_SYM=1: the plain grouped GEMMs' A and C in symmetric memory (A/B of the allocation).\n"
     "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n";
 
 // Returns false (message printed) on a bad argument.
@@ -618,10 +619,23 @@ int main(int argc, char** argv) {
             const gemm::GemmConfig gc0 = gemm::choose_config(gd0, 0), gc1 = gemm::choose_config(gd1, 0);
             DevPtr a0 = dev_alloc(size_t(max_rows * h) * 2), c0 = dev_alloc(size_t(max_rows * 2 * f) * 2);
             DevPtr a1 = dev_alloc(size_t(max_rows * f) * 2), c1 = dev_alloc(size_t(max_rows * h) * 2);
+            // CCFUSE_MOE_GROUPED_SYM=1 (A/B): the grouped GEMMs' A and C in symmetric memory
+            // (Team::alloc_symmetric, where the layers' receive buffers live) instead of cudaMalloc.
+            std::unique_ptr<comm::SymmetricBuffer> sym[4];
+            if (env_or("CCFUSE_MOE_GROUPED_SYM", "") == "1") {
+              sym[0] = team.alloc_symmetric(size_t(max_rows * h) * 2);
+              sym[1] = team.alloc_symmetric(size_t(max_rows * 2 * f) * 2);
+              sym[2] = team.alloc_symmetric(size_t(max_rows * f) * 2);
+              sym[3] = team.alloc_symmetric(size_t(max_rows * h) * 2);
+            }
+            void* const ga0 = sym[0] ? sym[0]->local() : a0.get();
+            void* const gc0p = sym[1] ? sym[1]->local() : c0.get();
+            void* const ga1 = sym[2] ? sym[2]->local() : a1.get();
+            void* const gc1p = sym[3] ? sym[3]->local() : c1.get();
             DevPtr ws0 = dev_alloc(gemm::grouped_workspace_bytes(gd0)), ws1 = dev_alloc(gemm::grouped_workspace_bytes(gd1));
             DevPtr group_rows = dev_alloc(size_t(el) * 4);
-            fill_random(a0.get(), size_t(max_rows * h), make_seed(kGroupedA, g.model, uint64_t(rank), 0), 1.0f, s);
-            fill_random(a1.get(), size_t(max_rows * f), make_seed(kGroupedA, g.model, uint64_t(rank), 1), 1.0f, s);
+            fill_random(ga0, size_t(max_rows * h), make_seed(kGroupedA, g.model, uint64_t(rank), 0), 1.0f, s);
+            fill_random(ga1, size_t(max_rows * f), make_seed(kGroupedA, g.model, uint64_t(rank), 1), 1.0f, s);
             CCFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
 
             for (const std::string& routing : args.routings) {
@@ -694,11 +708,11 @@ int main(int argc, char** argv) {
 
               // --- timing: every round runs each variant once, behind one stream hold ---
               auto grouped0 = [&] {
-                gemm::grouped_run(gd0, gc0, a0.get(), w1.get(), c0.get(), static_cast<const int*>(group_rows.get()),
+                gemm::grouped_run(gd0, gc0, ga0, w1.get(), gc0p, static_cast<const int*>(group_rows.get()),
                                   ws0.get(), nullptr, s);
               };
               auto grouped1 = [&] {
-                gemm::grouped_run(gd1, gc1, a1.get(), w2.get(), c1.get(), static_cast<const int*>(group_rows.get()),
+                gemm::grouped_run(gd1, gc1, ga1, w2.get(), gc1p, static_cast<const int*>(group_rows.get()),
                                   ws1.get(), nullptr, s);
               };
               const int rounds = args.warmup + args.iters;

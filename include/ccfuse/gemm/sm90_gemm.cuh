@@ -409,7 +409,19 @@ struct PeerBandEpilogue {
 };
 
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+// CCFUSE_FAST_SILU=1: the quotient by __fdividef (approximate, ~2 ulp; 0 once 1 + e^-x passes
+// 2^126, where SiLU is below 1e-36 anyway) instead of the IEEE division, whose slow-path check
+// and call sit in every epilogue (A/B experiment, docs/perf-notes.md).
+#ifndef CCFUSE_FAST_SILU
+#define CCFUSE_FAST_SILU 0
+#endif
+__device__ __forceinline__ float silu(float x) {
+#if CCFUSE_FAST_SILU
+  return __fdividef(x, 1.f + __expf(-x));
+#else
+  return x / (1.f + __expf(-x));
+#endif
+}
 
 template <class Element>
 struct Params {
