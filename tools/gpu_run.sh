@@ -299,7 +299,8 @@ if [[ " $what " == *" moe_ab "* ]]; then
   # slower than all-to-all on every case; opt-in). regstore: the layers' grouped GEMMs store from
   # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30). presumbeside: layer 1's
   # pre-sum in side CTAs beside the GEMM (MoeFfnConfig::presum_ctas = -1, the tuner's estimate;
-  # measured slower 2026-11-30) instead of after it.
+  # measured slower 2026-11-30) instead of after it. expertorder: layer 0's tiles expert by expert
+  # (MoeFfnConfig::local_first = false, the order before 2026-11-30 late).
   # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default regstore").
   for variant in ${CCFUSE_MOE_AB_VARIANTS:-default regstore perslot interleave owner}; do
     combine=""; order=""; mode=""; tma=""
@@ -309,7 +310,8 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
     [[ $variant == allgather ]] && mode=allgather
-    CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    l0order=""; [[ $variant == expertorder ]] && l0order=expert
+    CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1

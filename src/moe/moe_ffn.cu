@@ -37,6 +37,7 @@ struct Plan {  // device arrays derived from the counts matrix (written by excha
   int64_t* row_prefix;   // [E_local + 1]
   int* tile_prefix0;     // [E_local + 1] layer-0 tiles (n_tiles = 2F / 256 or F / 256)
   int* tile_prefix1;     // [E_local + 1] layer-1 tiles (n_tiles = H / 256)
+  int* local_prefix0;    // [E_local + 1] layer-0 tiles of row tiles all from this rank (local_first)
   int* chunk_base;       // [W][E + 1] first chunk of source s's block of rotated expert i
   int64_t* rows_base;    // [E + 1] this rank's entries before rotated expert i (send order)
   int64_t* block_begin;  // [E] first row of this rank's block of expert e on its owner
@@ -152,6 +153,20 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
   else if (threadIdx.x == 64)
     gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles1, kBlockM, max_rows, plan.tile_prefix1, nullptr,
                                nullptr);
+  __syncthreads();  // row_prefix written
+  if (threadIdx.x == 0) {
+    // Layer 0's first tiles (L0Schedule::local_first): a local expert's rows start with this
+    // rank's own (block_begin: the owner's block first), so its first floor(own / 128) row tiles
+    // hold only rows copied on this GPU (within the rows kept under max_rows).
+    int tiles = 0;
+    for (int x = 0; x < g.epr; ++x) {
+      plan.local_prefix0[x] = tiles;
+      const int64_t kept = plan.row_prefix[x + 1] - plan.row_prefix[x];
+      const int64_t own = min(int64_t(cnt[g.rank * g.experts + g.rank * g.epr + x]), kept);
+      tiles += int(own / kBlockM) * n_tiles0;
+    }
+    plan.local_prefix0[g.epr] = tiles;
+  }
 }
 
 // counts_row[x] = this rank's entries routed to expert x (ids outside [0, E) are not counted):
@@ -240,6 +255,14 @@ struct L0Schedule : gemm::sm90::GroupedSchedule {
   comm::DeviceSignals sig{};
   epoch_t epoch = 0;
   bool diag_no_wait = false;  // CCFUSE_MOE_DIAG=nowait: timing experiments only (wrong results)
+  // MoeFfnConfig::local_first: the row tiles of only this rank's rows first (gemm::first_then_rest).
+  const int* local_prefix = nullptr;
+  __device__ gemm::TileWork work(int64_t idx) const {
+    if (local_prefix == nullptr) return GroupedSchedule::work(idx);
+    const gemm::GroupTile t = gemm::first_then_rest(idx, tile_prefix, local_prefix, num_groups, n_tiles, group_m);
+    return gemm::TileWork{t.tile.m_tile, t.tile.n_tile, t.group, row_prefix[t.group] + int64_t(t.tile.m_tile) * block_m,
+                          row_prefix[t.group + 1]};
+  }
   __device__ bool wait_ready(const gemm::TileWork& w) {
     if (diag_no_wait) return true;
     if (epoch == 0) epoch = comm::current_epoch(sig);
@@ -849,7 +872,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.y, size_t(s.max_rows * d.hidden) * 2));
   const int ex = d.num_experts, el = s.geo.epr;
   const size_t ws = dispatch_workspace_bytes(d.max_tokens, d.topk, ex);
-  const size_t bytes = 256 * 16 + size_t(el) * 4 + size_t(el + 1) * (8 + 4 + 4) + size_t(w) * (ex + 1) * 4 +
+  const size_t bytes = 256 * 16 + size_t(el) * 4 + size_t(el + 1) * (8 + 4 + 4 + 4) + size_t(w) * (ex + 1) * 4 +
                        size_t(ex + 1) * 8 + size_t(ex) * 8 + size_t(w) * (8 + 8) + size_t(ex) * 4 + size_t(w) * 8 +
                        size_t(entries) * (8 + 4) + size_t(w * el + 1) * 4 + 256 + ws;
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.scratch, bytes));
@@ -858,6 +881,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.plan.row_prefix = carve<int64_t>(p, el + 1);
   s.plan.tile_prefix0 = carve<int>(p, el + 1);
   s.plan.tile_prefix1 = carve<int>(p, el + 1);
+  s.plan.local_prefix0 = carve<int>(p, el + 1);
   s.plan.chunk_base = carve<int>(p, size_t(w) * (ex + 1));
   s.plan.rows_base = carve<int64_t>(p, ex + 1);
   s.plan.block_begin = carve<int64_t>(p, ex);
@@ -893,6 +917,7 @@ std::string MoeFfn::describe() const {
      << " chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
+     << (s_->cfg.local_first ? "(local-first tiles)" : "(expert-order tiles)")
      << (s_->cfg.combine == MoeCombine::kPresum
              ? (s_->presum_ctas > 0
                     ? " layer1=grouped(sliced)+row-weight combine=presum(per token and rank, " +
@@ -1007,6 +1032,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.counts = counts_local;
   sched.chunk_base = s.plan.chunk_base;
   sched.sig = s.sig->device();
+  if (s.cfg.local_first) sched.local_prefix = s.plan.local_prefix0;
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
   // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone), "l0plain"
   // (below). The results are wrong then.

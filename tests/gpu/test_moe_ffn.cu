@@ -91,6 +91,7 @@ struct Case {
   MoeDispatch dispatch = MoeDispatch::kAllToAll;
   bool tma_store = true;  // MoeFfnConfig::tma_store
   int presum_ctas = 0;    // MoeFfnConfig::presum_ctas
+  bool local_first = true;  // MoeFfnConfig::local_first
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -278,6 +279,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.combine = c.combine;
     config.tma_store = c.tma_store;
     config.presum_ctas = c.presum_ctas;
+    config.local_first = c.local_first;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     cudaStream_t s;
@@ -445,6 +447,16 @@ std::vector<Case> cases() {
             presum};
   regs.tma_store = false;
   v.push_back(regs);
+  // Layer 0's local-first tile order (the default since 2026-11-30 late): every expert's row tiles
+  // of only local rows before the others. Skewed and uneven ranks (one rank's experts mostly
+  // local, the other's mostly remote), a max_tokens bound that cuts rows, few CTAs (each takes
+  // tiles of both parts); and the expert order it replaced (local_first = false).
+  v.push_back({"local_first_zipf_uneven_8sms", 512, 256, 4, 2, true, BLayout::kNK, Route::kZipf, {2048, 600}, 0, 0.05,
+               0.01, 8, presum});
+  Case expert_order{"expert_order_whole_tiles", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0,
+                    0, presum};
+  expert_order.local_first = false;
+  v.push_back(expert_order);
   return v;
 }
 

@@ -409,11 +409,12 @@ struct PeerBandEpilogue {
 };
 
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
-// CCFUSE_FAST_SILU=1: the quotient by __fdividef (approximate, ~2 ulp; 0 once 1 + e^-x passes
-// 2^126, where SiLU is below 1e-36 anyway) instead of the IEEE division, whose slow-path check
-// and call sit in every epilogue (A/B experiment, docs/perf-notes.md).
+// SiLU's quotient by __fdividef (approximate, ~2 ulp, far below bf16's rounding; 0 once 1 + e^-x
+// passes 2^126, where SiLU is below 1e-36 anyway). The IEEE division (CCFUSE_FAST_SILU=0) made
+// the SwiGLU epilogue cost 7-25 % of the whole grouped GEMM (MoE layer 0; measured 2026-11-30,
+// docs/perf-notes.md).
 #ifndef CCFUSE_FAST_SILU
-#define CCFUSE_FAST_SILU 0
+#define CCFUSE_FAST_SILU 1
 #endif
 __device__ __forceinline__ float silu(float x) {
 #if CCFUSE_FAST_SILU

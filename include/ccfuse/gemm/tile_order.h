@@ -54,6 +54,37 @@ CCFUSE_HD TileCoord sliced_row_major(int64_t idx, int m_tiles, int n_tiles, int 
   return TileCoord{c.m_tile, s * slice + c.n_tile};
 }
 
+// Grouped problems whose row tiles come in two parts, "first" then "rest": every group's first
+// row tiles before any group's other row tiles (MoE layer 0: the row tiles whose rows are all
+// this GPU's own tokens, which wait for no peer, before the tiles that need rows from peers).
+// Group g owns tiles [tile_prefix[g], tile_prefix[g + 1]) (m_tiles(g) * n_tiles of them); its
+// first first_prefix[g + 1] - first_prefix[g] of them (f_g * n_tiles: the row tiles 0 .. f_g - 1)
+// come in the first part. Inside a part, groups in order and grouped-row-major inside a group.
+// Both prefix arrays start at 0 and do not decrease; first_prefix[g + 1] - first_prefix[g] <=
+// tile_prefix[g + 1] - tile_prefix[g]. Returns the group and the tile inside the group.
+struct GroupTile {
+  int group;
+  TileCoord tile;  // m_tile inside the group
+};
+CCFUSE_HD GroupTile first_then_rest(int64_t idx, const int* tile_prefix, const int* first_prefix, int num_groups,
+                                    int n_tiles, int group_m) {
+  const int64_t firsts = first_prefix[num_groups];
+  const bool first = idx < firsts;
+  const int64_t j = first ? idx : idx - firsts;
+  // The part's prefix at g: first_prefix[g], or the rest's tile_prefix[g] - first_prefix[g].
+  auto prefix = [&](int g) -> int64_t { return first ? first_prefix[g] : int64_t(tile_prefix[g]) - first_prefix[g]; };
+  int lo = 0, hi = num_groups;  // the largest g with prefix(g) <= j (empty groups skipped)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (prefix(mid) <= j) lo = mid;
+    else hi = mid;
+  }
+  const int f = (first_prefix[lo + 1] - first_prefix[lo]) / n_tiles;  // the group's first row tiles
+  const int m_tiles = first ? f : (tile_prefix[lo + 1] - tile_prefix[lo]) / n_tiles - f;
+  const TileCoord c = grouped_row_major(j - prefix(lo), m_tiles, n_tiles, group_m);
+  return GroupTile{lo, TileCoord{first ? c.m_tile : f + c.m_tile, c.n_tile}};
+}
+
 // Column-major: all row tiles of an N-slice before the next slice.
 CCFUSE_HD TileCoord column_major(int64_t idx, int m_tiles) {
   return TileCoord{int(idx % m_tiles), int(idx / m_tiles)};

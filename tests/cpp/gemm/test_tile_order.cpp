@@ -182,5 +182,42 @@ TEST(TileOrder, SlicedRowMajorVisitsEachTileOnceSliceBySlice) {
         }
 }
 
+// first_then_rest against the order spelled out: for random groups (some empty, some with no
+// first tiles, some all first), every group's first f_g row tiles (grouped row-major inside the
+// group, groups in order), then every group's other row tiles the same way; every tile once.
+TEST(TileOrder, FirstThenRestVisitsFirstTilesOfEveryGroupBeforeTheRest) {
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&](int bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return int((state >> 33) % uint64_t(bound));
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    const int groups = 1 + next(9), n_tiles = 1 + next(7), group_m = 1 + next(9);
+    std::vector<int> m_tiles(static_cast<size_t>(groups)), f(static_cast<size_t>(groups));
+    std::vector<int> tile_prefix(size_t(groups) + 1, 0), first_prefix(size_t(groups) + 1, 0);
+    for (int g = 0; g < groups; ++g) {
+      m_tiles[size_t(g)] = next(4) == 0 ? 0 : next(12);
+      const int pick = next(4);  // none first, all first, or some
+      f[size_t(g)] = pick == 0 ? 0 : pick == 1 ? m_tiles[size_t(g)] : next(m_tiles[size_t(g)] + 1);
+      tile_prefix[size_t(g) + 1] = tile_prefix[size_t(g)] + m_tiles[size_t(g)] * n_tiles;
+      first_prefix[size_t(g) + 1] = first_prefix[size_t(g)] + f[size_t(g)] * n_tiles;
+    }
+    std::vector<std::pair<int, Tile>> want;
+    for (int part = 0; part < 2; ++part)
+      for (int g = 0; g < groups; ++g) {
+        const int lo = part == 0 ? 0 : f[size_t(g)], hi = part == 0 ? f[size_t(g)] : m_tiles[size_t(g)];
+        for (const Tile& t : expected_grouped(hi - lo, n_tiles, group_m))
+          want.emplace_back(g, Tile{lo + t.first, t.second});
+      }
+    ASSERT_EQ(int64_t(want.size()), int64_t(tile_prefix[size_t(groups)]));
+    for (int64_t idx = 0; idx < int64_t(want.size()); ++idx) {
+      const GroupTile got = first_then_rest(idx, tile_prefix.data(), first_prefix.data(), groups, n_tiles, group_m);
+      ASSERT_EQ(got.group, want[size_t(idx)].first) << "trial " << trial << " idx " << idx;
+      ASSERT_EQ(got.tile.m_tile, want[size_t(idx)].second.first) << "trial " << trial << " idx " << idx;
+      ASSERT_EQ(got.tile.n_tile, want[size_t(idx)].second.second) << "trial " << trial << " idx " << idx;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ccfuse::gemm
