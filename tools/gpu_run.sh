@@ -300,7 +300,9 @@ if [[ " $what " == *" moe_ab "* ]]; then
   # registers (MoeFfnConfig::tma_store = false, the rule before 2026-11-30). presumbeside: layer 1's
   # pre-sum in side CTAs beside the GEMM (MoeFfnConfig::presum_ctas = -1, the tuner's estimate;
   # measured slower 2026-11-30) instead of after it. expertorder: layer 0's tiles expert by expert
-  # (MoeFfnConfig::local_first = false, the order before 2026-11-30 late).
+  # (MoeFfnConfig::local_first = 0). striped: layer 0's striped dispatch (MoeFfnConfig::
+  # striped_dispatch) with the tuner's other choices; stripedinter: striped, interleaved sends,
+  # expert-order tiles (rows sent in the order every receiver's tiles take them).
   # CCFUSE_MOE_AB_VARIANTS: a subset (e.g. "default regstore").
   for variant in ${CCFUSE_MOE_AB_VARIANTS:-default regstore perslot interleave owner}; do
     combine=""; order=""; mode=""; tma=""
@@ -310,8 +312,10 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
     [[ $variant == allgather ]] && mode=allgather
-    l0order=""; [[ $variant == expertorder ]] && l0order=expert
-    CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    l0order=""; [[ $variant == expertorder || $variant == stripedinter ]] && l0order=expert
+    striped=""; [[ $variant == striped* ]] && striped=1
+    [[ $variant == stripedinter ]] && order=interleave
+    CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1

@@ -12,6 +12,7 @@
 #include "ccfuse/moe/dispatch_gpu.h"
 #include "ccfuse/moe/dispatch_plan.h"
 #include "ccfuse/moe/moe_tuner.h"
+#include "ccfuse/moe/moe_tuner.h"
 
 namespace ccfuse::moe {
 
@@ -43,6 +44,7 @@ struct Plan {  // device arrays derived from the counts matrix (written by excha
   int64_t* block_begin;  // [E] first row of this rank's block of expert e on its owner
   int64_t* target;       // [W] layer 1: (rows from source s) * H-tiles
   int64_t* done_count;   // [W] layer 1: row-tiles of source s sent so far (zeroed per call)
+  int* unit_done;        // [max_chunks] striped dispatch: rows of this rank's send unit u copied (zeroed per call)
   int* perm_base;        // [W * E_local + 1] all-gather: first permute unit of (i-th source
                          // rotated from this rank, local expert j), units of kChunkRows rows
 };
@@ -370,10 +372,58 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     }
   }
 
+  // Striped dispatch (MoeFfnConfig::striped_dispatch): this rank's send rows, in send order, dealt
+  // to every GEMM CTA's send warps in turn (row i to warp i mod G, consecutive rows on different
+  // SMs), so that rows leave roughly in send order; a count per unit, and the warp that copies a
+  // unit's last row raises its flag. Unit by CTA (below) keeps ~one unit per CTA in flight: all
+  // of a round's units finish together, and a tile's rows wait for a whole round.
+  bool striped = false;
+  int* unit_done = nullptr;  // [units] zero at the call's start
+  __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
+    const epoch_t e = comm::current_epoch(sig);
+    const int* base = chunk_base + geo.rank * (geo.experts + 1);
+    const int warp = tid / 32, lane = tid % 32;
+    const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
+    const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
+    for (int64_t i = int64_t(warp) * num_ctas + cta; i < total_rows; i += g_warps) {
+      int lo = 0, hi = geo.experts;  // the largest rotated index with rows_base[lo] <= i
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (rows_base[mid] <= i) lo = mid;
+        else hi = mid;
+      }
+      const int xg = geo.rot_expert(geo.rank, lo), owner = xg / geo.epr;
+      const int64_t r = i - rows_base[lo];  // row in this rank's block of expert xg
+      const int32_t entry = send_list[i];
+      const int64_t dest = block_begin[xg] + r;
+      copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
+      if (lane == 0) {
+        row_src[owner][dest] = make_int2(geo.rank, entry);
+        row_w[owner][dest] = topk_w[entry];
+      }
+      __syncwarp();  // every lane's stores before lane 0's fence and count
+      if (lane == 0) {
+        const int64_t c = r / kChunkRows;
+        const int u = base[lo] + int(c);
+        const int rows = int(min(int64_t(kChunkRows), rows_base[lo + 1] - rows_base[lo] - c * kChunkRows));
+        __threadfence_system();  // this row (on the peer) before the count
+        cuda::atomic_ref<int, cuda::thread_scope_device> done(unit_done[u]);
+        if (done.fetch_add(1, cuda::memory_order_acq_rel) + 1 == rows) {
+          __threadfence_system();  // every counted row before the flag
+          comm::notify(sig, owner, geo.chunk_flag(geo.rank, u), e);
+        }
+      }
+    }
+  }
+
   __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     if (diag_no_send) return;
     if (allgather) {
       ag_prologue(cta, num_ctas, tid, num_threads);
+      return;
+    }
+    if (striped) {
+      striped_sends(cta, num_ctas, tid, num_threads);
       return;
     }
     const epoch_t e = comm::current_epoch(sig);
@@ -874,7 +924,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   const size_t ws = dispatch_workspace_bytes(d.max_tokens, d.topk, ex);
   const size_t bytes = 256 * 16 + size_t(el) * 4 + size_t(el + 1) * (8 + 4 + 4 + 4) + size_t(w) * (ex + 1) * 4 +
                        size_t(ex + 1) * 8 + size_t(ex) * 8 + size_t(w) * (8 + 8) + size_t(ex) * 4 + size_t(w) * 8 +
-                       size_t(entries) * (8 + 4) + size_t(w * el + 1) * 4 + 256 + ws;
+                       size_t(entries) * (8 + 4) + size_t(w * el + 1) * 4 + size_t(s.geo.max_chunks) * 4 + 256 + ws;
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.scratch, bytes));
   char* p = static_cast<char*>(s.scratch);
   s.plan.group_rows = carve<int32_t>(p, el);
@@ -887,6 +937,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.plan.block_begin = carve<int64_t>(p, ex);
   s.plan.target = carve<int64_t>(p, w);
   s.plan.done_count = carve<int64_t>(p, w);
+  s.plan.unit_done = carve<int>(p, size_t(s.geo.max_chunks));
   s.plan.perm_base = carve<int>(p, size_t(w) * el + 1);
   s.counts_row = carve<int32_t>(p, ex);
   s.counts_peers = carve<int32_t*>(p, w);
@@ -917,7 +968,10 @@ std::string MoeFfn::describe() const {
      << " chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
-     << (s_->cfg.local_first ? "(local-first tiles)" : "(expert-order tiles)")
+     << (!allgather && s_->cfg.striped_dispatch ? "(striped rows)" : "")
+     << (s_->cfg.local_first > 0 ? "(local-first tiles)"
+                                 : s_->cfg.local_first == 0 ? "(expert-order tiles)"
+                                                            : "(tile order auto: local-first at <= 4096 tokens)")
      << (s_->cfg.combine == MoeCombine::kPresum
              ? (s_->presum_ctas > 0
                     ? " layer1=grouped(sliced)+row-weight combine=presum(per token and rank, " +
@@ -991,6 +1045,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   s.num_tokens = num_tokens;
   s.sig->begin_call(stream);
   CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
+  if (s.cfg.striped_dispatch) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
   count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, num_tokens * d.topk, d.num_experts,
                                                                 s.counts_row);
   CCFUSE_CUDA_CHECK_LAUNCH();
@@ -1032,7 +1087,9 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.counts = counts_local;
   sched.chunk_base = s.plan.chunk_base;
   sched.sig = s.sig->device();
-  if (s.cfg.local_first) sched.local_prefix = s.plan.local_prefix0;
+  if (s.cfg.local_first > 0 ||
+      (s.cfg.local_first < 0 && auto_local_first(num_tokens, s.geo.world, s.geo.interleaved)))
+    sched.local_prefix = s.plan.local_prefix0;
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
   // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone), "l0plain"
   // (below). The results are wrong then.
@@ -1050,6 +1107,8 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.chunk_base = s.plan.chunk_base;
     epi.rows_base = s.plan.rows_base;
     epi.block_begin = s.plan.block_begin;
+    epi.striped = s.cfg.striped_dispatch;
+    epi.unit_done = s.plan.unit_done;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));

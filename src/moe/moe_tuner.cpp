@@ -84,6 +84,18 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
                                          : std::to_string(p.tokens_per_rank) + " tokens per rank < " +
                                                std::to_string(C::kInterleaveMinTokens))
         << " (interleaving measured 1.02-1.05x the time on skewed and small problems). ";
+  c.local_first = auto_local_first(p.tokens_per_rank, p.world_size, interleave);
+  if (p.world_size > 1) {
+    why << "layer 0 tiles " << (c.local_first ? "local-first" : "expert by expert") << ": ";
+    if (c.local_first)
+      why << "the row tiles of own rows wait for no peer while the rest arrives (" << p.tokens_per_rank
+          << " <= " << C::kLocalFirstMaxTokens << " tokens per rank). ";
+    else if (interleave)
+      why << "interleaved sends copy the own rows late. ";
+    else
+      why << "a second pass over each expert's weights costs more than the waits it saves (" << p.tokens_per_rank
+          << " > " << C::kLocalFirstMaxTokens << " tokens per rank). ";
+  }
   c.num_comm_ctas = 0;
   c.send_warps_per_cta = 3;
   c.unit_rows = 128;
@@ -101,11 +113,15 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   return c;
 }
 
+bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends) {
+  return world_size > 1 && !interleaved_sends && tokens <= MoeTunerConstants::kLocalFirstMaxTokens;
+}
+
 std::string to_string(const MoeChoice& c) {
   std::ostringstream os;
   os << "dispatch=" << c.dispatch << " combine=" << c.combine << " send_order=" << c.send_order
      << " n_c=" << c.num_comm_ctas << " send_warps_per_cta=" << c.send_warps_per_cta << " unit_rows=" << c.unit_rows
-     << " presum_ctas=" << c.presum_ctas;
+     << " presum_ctas=" << c.presum_ctas << " l0_order=" << (c.local_first ? "local-first" : "expert");
   return os.str();
 }
 

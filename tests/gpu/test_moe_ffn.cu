@@ -91,7 +91,8 @@ struct Case {
   MoeDispatch dispatch = MoeDispatch::kAllToAll;
   bool tma_store = true;  // MoeFfnConfig::tma_store
   int presum_ctas = 0;    // MoeFfnConfig::presum_ctas
-  bool local_first = true;  // MoeFfnConfig::local_first
+  int local_first = -1;  // MoeFfnConfig::local_first
+  bool striped = false;  // MoeFfnConfig::striped_dispatch
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -280,6 +281,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.tma_store = c.tma_store;
     config.presum_ctas = c.presum_ctas;
     config.local_first = c.local_first;
+    config.striped_dispatch = c.striped;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     cudaStream_t s;
@@ -451,12 +453,30 @@ std::vector<Case> cases() {
   // of only local rows before the others. Skewed and uneven ranks (one rank's experts mostly
   // local, the other's mostly remote), a max_tokens bound that cuts rows, few CTAs (each takes
   // tiles of both parts); and the expert order it replaced (local_first = false).
-  v.push_back({"local_first_zipf_uneven_8sms", 512, 256, 4, 2, true, BLayout::kNK, Route::kZipf, {2048, 600}, 0, 0.05,
-               0.01, 8, presum});
+  Case local_first{"local_first_zipf_uneven_8sms", 512, 256, 4, 2, true, BLayout::kNK, Route::kZipf, {2048, 600}, 0,
+                   0.05, 0.01, 8, presum};
+  local_first.local_first = 1;
+  v.push_back(local_first);
   Case expert_order{"expert_order_whole_tiles", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0,
                     0, presum};
-  expert_order.local_first = false;
+  expert_order.local_first = 0;
   v.push_back(expert_order);
+  // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch; experiment 2026-11-30): rows dealt
+  // to every CTA's send warps, a count per unit. Uneven ranks with drops and Zipf skew (units cut
+  // short), top-8 with interleaved sends and a rank without tokens, few CTAs (each warp copies rows
+  // of many units), both combines.
+  Case striped{"striped_zipf_uneven_drops", 512, 256, 8, 2, true, BLayout::kNK, Route::kZipf, {1500, 300}, 0, 0.05,
+               0.01, 0, presum};
+  striped.striped = true;
+  v.push_back(striped);
+  Case striped_top8{"striped_top8_interleaved_rank0_empty", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform,
+                    {0, 400}, 0, 0, 0, 0, presum};
+  striped_top8.striped = true;
+  striped_top8.interleave_sends = true;
+  v.push_back(striped_top8);
+  Case striped_few{"striped_perslot_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {700}, 0, 0, 0, 8};
+  striped_few.striped = true;
+  v.push_back(striped_few);
   return v;
 }
 

@@ -93,11 +93,17 @@ struct MoeFfnConfig {
   // store from registers. false: every tile from registers (128x256x64, 4 stages), as before
   // 2026-11-30. The plain grouped GEMM measured +15 % with it (docs/perf-notes.md).
   bool tma_store = true;
-  // Layer 0's tile order: true = every local expert's row tiles whose rows are all this rank's own
+  // Layer 0's tile order: 1 = every local expert's row tiles whose rows are all this rank's own
   // tokens (copied locally, waiting for no peer) first, then the tiles that need rows from peers,
-  // which arrive meanwhile; false = expert by expert (each expert's own rows first), as before
-  // 2026-11-30, when the first tiles waited for most of the dispatch (docs/perf-notes.md).
-  bool local_first = true;
+  // which arrive meanwhile; 0 = expert by expert (each expert's own rows first); -1 = per call,
+  // moe::auto_local_first (local-first at <= 4096 tokens with owner-major sends: measured faster
+  // there, slower on larger calls; docs/perf-notes.md 2026-11-30).
+  int local_first = -1;
+  // Layer 0's all-to-all dispatch: false = each GEMM CTA's send warps copy whole units of 128 rows
+  // (one unit per CTA in flight); true = the send rows dealt to all CTAs' send warps row by row in
+  // send order, each unit's flag raised by the warp that copies its last row (rows arrive in
+  // order instead of a round of units at once). EXPERIMENT 2026-11-30, A/B in the MoE bench.
+  bool striped_dispatch = false;
   // Layer 1 with the pre-summed combine: 0 = the pre-sum as a kernel after the GEMM (default);
   // n > 0 = n CTAs that pre-sum each slice of columns beside the GEMM as soon as the GEMM has
   // stored it (the GEMM takes its tiles slice by slice on the other SMs); -1 = the MoE tuner's

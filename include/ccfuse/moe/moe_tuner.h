@@ -33,6 +33,8 @@ struct MoeChoice {
   // Layer 1 (pre-summed combine): side CTAs that pre-sum each column slice beside the GEMM
   // (MoeFfnConfig::presum_ctas). 0: measured slower beside the GEMM (2026-11-30), so after it.
   int presum_ctas = 0;
+  // Layer 0's tile order (MoeFfnConfig::local_first): local-first (auto_local_first) or expert by expert.
+  bool local_first = false;
   // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
   // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
   // token to every peer once: k / W. Above 1 the all-gather mode (not built on GPUs) would move
@@ -46,6 +48,10 @@ struct MoeChoice {
 // otherwise (top-1 has nothing to pre-sum, and the per-slot sends overlap the GEMM). Used by
 // MoeFfn for MoeCombine::kAuto.
 const char* auto_combine(int topk, int world_size);
+
+// Layer 0's local-first tile order for a call (MoeFfnConfig::local_first = -1): with peers, sends
+// in owner-major order (the own rows copied first) and at most kLocalFirstMaxTokens tokens on this rank.
+bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends);
 
 // Throws InvalidArgument naming the argument and the rule: world_size < 1, num_experts not
 // divisible by it, topk outside [1, num_experts], non-positive tokens/hidden/ffn, imbalance that
@@ -66,6 +72,10 @@ std::string to_string(const MoeChoice& choice);
 // The rules' thresholds (measured on 2x H200, 2026-11-30; docs/moe-tuner.md).
 struct MoeTunerConstants {
   static constexpr int64_t kInterleaveMinTokens = 8192;  // interleaved sends won from here (balanced)
+  // Layer 0's local-first tile order won below this many tokens per rank (2026-11-30: Qwen3 layer 0
+  // 0.75 -> 0.62 ms, DeepSeek 5.50 -> 5.24 at 4096 uniform); from 8192 it lost 2-23 % (its second
+  // pass over each expert's weights; with interleaved sends the local rows also come late).
+  static constexpr int64_t kLocalFirstMaxTokens = 4096;
   static constexpr double kInterleaveMaxImbalance = 1.25;
   static constexpr int kPresumMaxTopk = 32;
   // Layer 1's pre-sum beside the GEMM (opt-in, MoeFfnConfig::presum_ctas = -1; measured slower

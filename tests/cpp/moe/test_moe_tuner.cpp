@@ -70,11 +70,27 @@ TEST(MoeTuner, EdgesOfTheSendOrderRule) {
   EXPECT_EQ(order(8, 1 << 20, 1.1), "interleaved");
 }
 
+// Layer 0's local-first tile order: with peers, owner-major sends and at most
+// kLocalFirstMaxTokens tokens per rank (measured faster at 4096 tokens, slower from 8192).
+TEST(MoeTuner, EdgesOfTheLocalFirstRule) {
+  using C = MoeTunerConstants;
+  EXPECT_TRUE(auto_local_first(C::kLocalFirstMaxTokens, 2, false));
+  EXPECT_FALSE(auto_local_first(C::kLocalFirstMaxTokens + 1, 2, false));
+  EXPECT_FALSE(auto_local_first(1024, 2, true));  // interleaved sends copy the own rows late
+  EXPECT_FALSE(auto_local_first(1024, 1, false));  // one rank: every row is local, nothing waits
+  const MoeChoice small = choose_moe_config(problem(2, 128, 8, 4096, 2048, 768, 1.0));
+  EXPECT_TRUE(small.local_first);
+  EXPECT_NE(small.why.find("layer 0 tiles local-first"), std::string::npos) << small.why;
+  const MoeChoice zipf_large = choose_moe_config(problem(2, 128, 8, 16384, 2048, 768, 1.8));
+  EXPECT_FALSE(zipf_large.local_first);
+  EXPECT_NE(zipf_large.why.find("16384 > 4096 tokens per rank"), std::string::npos) << zipf_large.why;
+}
+
 TEST(MoeTuner, WhyAndToString) {
   const MoeChoice a = choose_moe_config(problem(2, 128, 8, 16384, 2048, 768, 1.0));
   EXPECT_EQ(to_string(a),
             "dispatch=all-to-all combine=presum send_order=interleaved n_c=0 send_warps_per_cta=3 unit_rows=128 "
-            "presum_ctas=0");
+            "presum_ctas=0 l0_order=expert");
   // Layer 1's pre-sum after the GEMM (beside it measured slower); the opt-in estimate for Qwen3 at
   // 16384 tokens: 671 MB of pre-sum against ~0.69 ms of GEMM (33 CTAs at 30 GB/s, capped at 32).
   EXPECT_NE(a.why.find("layer 1 pre-sum after the GEMM (presum_ctas 0)"), std::string::npos) << a.why;
