@@ -379,38 +379,60 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // of a round's units finish together, and a tile's rows wait for a whole round.
   bool striped = false;
   int* unit_done = nullptr;  // [units] zero at the call's start
+  // A warp takes kStripeBatch rows (i, i + G, ...) per round: one system fence per round, then
+  // the rows' counts in parallel (lane j: row j). The first version fenced and searched per row:
+  // 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
+  static constexpr int kStripeBatch = 4;
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
     const int warp = tid / 32, lane = tid % 32;
     const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
-    for (int64_t i = int64_t(warp) * num_ctas + cta; i < total_rows; i += g_warps) {
-      int lo = 0, hi = geo.experts;  // the largest rotated index with rows_base[lo] <= i
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (rows_base[mid] <= i) lo = mid;
-        else hi = mid;
+    int lo = 0;  // rotated expert of the warp's latest row: rows only go forward
+    for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += kStripeBatch * g_warps) {
+      int my_lo = 0, my_owner = 0;
+      int64_t my_r = 0;
+      int rows_here = 0;
+      for (int j = 0; j < kStripeBatch; ++j) {
+        const int64_t i = i0 + j * g_warps;
+        if (i >= total_rows) break;
+        // Forward to the largest rotated index with rows_base[lo] <= i, 32 candidates a load
+        // (rows_base[experts] = total_rows > i ends it).
+        for (;;) {
+          const int idx = lo + 1 + lane;
+          const bool past = idx <= geo.experts && rows_base[idx] <= i;
+          const unsigned m = __ballot_sync(0xffffffffu, past);
+          lo += __popc(m);
+          if (m != 0xffffffffu) break;
+        }
+        const int xg = geo.rot_expert(geo.rank, lo), owner = xg / geo.epr;
+        const int64_t r = i - rows_base[lo];  // row in this rank's block of expert xg
+        const int32_t entry = send_list[i];
+        const int64_t dest = block_begin[xg] + r;
+        copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
+        if (lane == 0) {
+          row_src[owner][dest] = make_int2(geo.rank, entry);
+          row_w[owner][dest] = topk_w[entry];
+        }
+        if (lane == j) {
+          my_lo = lo;
+          my_owner = owner;
+          my_r = r;
+        }
+        ++rows_here;
       }
-      const int xg = geo.rot_expert(geo.rank, lo), owner = xg / geo.epr;
-      const int64_t r = i - rows_base[lo];  // row in this rank's block of expert xg
-      const int32_t entry = send_list[i];
-      const int64_t dest = block_begin[xg] + r;
-      copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
-      if (lane == 0) {
-        row_src[owner][dest] = make_int2(geo.rank, entry);
-        row_w[owner][dest] = topk_w[entry];
-      }
-      __syncwarp();  // every lane's stores before lane 0's fence and count
-      if (lane == 0) {
-        const int64_t c = r / kChunkRows;
-        const int u = base[lo] + int(c);
-        const int rows = int(min(int64_t(kChunkRows), rows_base[lo + 1] - rows_base[lo] - c * kChunkRows));
-        __threadfence_system();  // this row (on the peer) before the count
+      __syncwarp();  // every lane's stores before lane 0's fence
+      if (lane == 0) __threadfence_system();  // the round's rows (on the peers) before their counts
+      __syncwarp();
+      if (lane < rows_here) {
+        const int64_t c = my_r / kChunkRows;
+        const int u = base[my_lo] + int(c);
+        const int rows = int(min(int64_t(kChunkRows), rows_base[my_lo + 1] - rows_base[my_lo] - c * kChunkRows));
         cuda::atomic_ref<int, cuda::thread_scope_device> done(unit_done[u]);
         if (done.fetch_add(1, cuda::memory_order_acq_rel) + 1 == rows) {
           __threadfence_system();  // every counted row before the flag
-          comm::notify(sig, owner, geo.chunk_flag(geo.rank, u), e);
+          comm::notify(sig, my_owner, geo.chunk_flag(geo.rank, u), e);
         }
       }
     }
