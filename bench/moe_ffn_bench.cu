@@ -402,7 +402,7 @@ const char* const kUsage =
     "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n"
     "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n"
     "  CCFUSE_MOE_L0_ORDER=expert|local: layer 0's tiles expert by expert or local-first (not the tuner's).\n"
-    "  CCFUSE_MOE_STRIPED=1: layer 0's striped dispatch (rows dealt to all send warps in send order).\n"
+    "  CCFUSE_MOE_STRIPED=1|0: layer 0's striped dispatch or the dispatch by units (not the tuner's).\n"
     "  CCFUSE_MOE_GROUPED_SYM=1: the plain grouped GEMMs' A and C in symmetric memory (A/B of the allocation).\n"
     "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n";
 
@@ -655,8 +655,9 @@ int main(int argc, char** argv) {
                                                                                    : moe::MoeDispatch::kAllToAll;
               // CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store from registers (A/B).
               cfg.tma_store = env_or("CCFUSE_MOE_TMA_STORE", "") != "0";
-              // CCFUSE_MOE_STRIPED=1: layer 0's striped dispatch (MoeFfnConfig::striped_dispatch; A/B).
-              cfg.striped_dispatch = env_or("CCFUSE_MOE_STRIPED", "") == "1";
+              // Layer 0's dispatch: the tuner's; CCFUSE_MOE_STRIPED=1|0 forces striped or by units (A/B).
+              cfg.striped_dispatch = choice.striped_dispatch ? 1 : 0;
+              if (const std::string v = env_or("CCFUSE_MOE_STRIPED", ""); !v.empty()) cfg.striped_dispatch = v == "1" ? 1 : 0;
               // Layer 0's tile order: the tuner's; CCFUSE_MOE_L0_ORDER=expert|local forces one (A/B).
               cfg.local_first = choice.local_first ? 1 : 0;
               if (const std::string o = env_or("CCFUSE_MOE_L0_ORDER", ""); !o.empty()) {

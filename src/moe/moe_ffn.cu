@@ -814,6 +814,7 @@ struct MoeFfn::State {
   int32_t* row_of = nullptr;                       // kPresum: [W][max_tokens * k]
   int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
   int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
+  bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, positions, send_list, dispatch workspace
@@ -887,6 +888,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.hidden = d.hidden;
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
+  s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
   s.geo.max_tokens = d.max_tokens;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
@@ -990,7 +992,7 @@ std::string MoeFfn::describe() const {
      << " chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
-     << (!allgather && s_->cfg.striped_dispatch ? "(striped rows)" : "")
+     << (!allgather && s_->striped ? "(striped rows)" : "")
      << (s_->cfg.local_first > 0 ? "(local-first tiles)"
                                  : s_->cfg.local_first == 0 ? "(expert-order tiles)"
                                                             : "(tile order auto: local-first at <= 4096 tokens)")
@@ -1067,7 +1069,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   s.num_tokens = num_tokens;
   s.sig->begin_call(stream);
   CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
-  if (s.cfg.striped_dispatch) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
+  if (s.striped) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
   count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, num_tokens * d.topk, d.num_experts,
                                                                 s.counts_row);
   CCFUSE_CUDA_CHECK_LAUNCH();
@@ -1110,7 +1112,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.chunk_base = s.plan.chunk_base;
   sched.sig = s.sig->device();
   if (s.cfg.local_first > 0 ||
-      (s.cfg.local_first < 0 && auto_local_first(num_tokens, s.geo.world, s.geo.interleaved)))
+      (s.cfg.local_first < 0 && auto_local_first(num_tokens, s.geo.world, s.geo.interleaved, s.striped)))
     sched.local_prefix = s.plan.local_prefix0;
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
   // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone), "l0plain"
@@ -1129,7 +1131,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.chunk_base = s.plan.chunk_base;
     epi.rows_base = s.plan.rows_base;
     epi.block_begin = s.plan.block_begin;
-    epi.striped = s.cfg.striped_dispatch;
+    epi.striped = s.striped;
     epi.unit_done = s.plan.unit_done;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));

@@ -69,10 +69,19 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   else
     why << "combine per-slot: topk " << p.topk << " > " << C::kPresumMaxTopk << " (a warp holds a token's slots). ";
   const bool balanced = p.imbalance > 0 && p.imbalance <= C::kInterleaveMaxImbalance;
-  const bool interleave = p.world_size > 1 && balanced && p.tokens_per_rank >= C::kInterleaveMinTokens;
+  c.striped_dispatch = auto_striped(p.hidden * 2, p.world_size);
+  const bool interleave =
+      p.world_size > 1 && (c.striped_dispatch || (balanced && p.tokens_per_rank >= C::kInterleaveMinTokens));
   c.send_order = interleave ? "interleaved" : "owner-major";
+  if (p.world_size > 1)
+    why << "layer 0 dispatch " << (c.striped_dispatch ? "striped" : "by units") << ": rows of " << p.hidden * 2
+        << (c.striped_dispatch ? " >= " : " < ") << C::kStripedMinRowBytes
+        << " bytes (striped, the rows leave in send order with a fence per 4 rows a warp; by units, a round "
+           "of 128-row units finishes together; measured 2026-11-30). ";
   if (p.world_size == 1)
     why << "send order owner-major: one rank, nothing to send. ";
+  else if (c.striped_dispatch)
+    why << "send order interleaved: striped rows leave in the order every receiver's tiles take them. ";
   else if (interleave)
     why << "send order interleaved: balanced routing (imbalance " << num(p.imbalance) << " <= "
         << C::kInterleaveMaxImbalance << ") and " << p.tokens_per_rank << " >= " << C::kInterleaveMinTokens
@@ -84,14 +93,14 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
                                          : std::to_string(p.tokens_per_rank) + " tokens per rank < " +
                                                std::to_string(C::kInterleaveMinTokens))
         << " (interleaving measured 1.02-1.05x the time on skewed and small problems). ";
-  c.local_first = auto_local_first(p.tokens_per_rank, p.world_size, interleave);
+  c.local_first = auto_local_first(p.tokens_per_rank, p.world_size, interleave, c.striped_dispatch);
   if (p.world_size > 1) {
     why << "layer 0 tiles " << (c.local_first ? "local-first" : "expert by expert") << ": ";
     if (c.local_first)
       why << "the row tiles of own rows wait for no peer while the rest arrives (" << p.tokens_per_rank
           << " <= " << C::kLocalFirstMaxTokens << " tokens per rank). ";
     else if (interleave)
-      why << "interleaved sends copy the own rows late. ";
+      why << "interleaved sends copy the own rows along with the rest, in the tiles' order. ";
     else
       why << "a second pass over each expert's weights costs more than the waits it saves (" << p.tokens_per_rank
           << " > " << C::kLocalFirstMaxTokens << " tokens per rank). ";
@@ -113,15 +122,20 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
   return c;
 }
 
-bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends) {
-  return world_size > 1 && !interleaved_sends && tokens <= MoeTunerConstants::kLocalFirstMaxTokens;
+bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bool striped) {
+  return world_size > 1 && !interleaved_sends && !striped && tokens <= MoeTunerConstants::kLocalFirstMaxTokens;
+}
+
+bool auto_striped(int64_t row_bytes, int world_size) {
+  return world_size > 1 && row_bytes >= MoeTunerConstants::kStripedMinRowBytes;
 }
 
 std::string to_string(const MoeChoice& c) {
   std::ostringstream os;
   os << "dispatch=" << c.dispatch << " combine=" << c.combine << " send_order=" << c.send_order
      << " n_c=" << c.num_comm_ctas << " send_warps_per_cta=" << c.send_warps_per_cta << " unit_rows=" << c.unit_rows
-     << " presum_ctas=" << c.presum_ctas << " l0_order=" << (c.local_first ? "local-first" : "expert");
+     << " presum_ctas=" << c.presum_ctas << " l0_order=" << (c.local_first ? "local-first" : "expert")
+     << " l0_dispatch=" << (c.striped_dispatch ? "striped" : "units");
   return os.str();
 }
 

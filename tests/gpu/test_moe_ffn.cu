@@ -92,7 +92,7 @@ struct Case {
   bool tma_store = true;  // MoeFfnConfig::tma_store
   int presum_ctas = 0;    // MoeFfnConfig::presum_ctas
   int local_first = -1;  // MoeFfnConfig::local_first
-  bool striped = false;  // MoeFfnConfig::striped_dispatch
+  int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -467,15 +467,15 @@ std::vector<Case> cases() {
   // of many units), both combines.
   Case striped{"striped_zipf_uneven_drops", 512, 256, 8, 2, true, BLayout::kNK, Route::kZipf, {1500, 300}, 0, 0.05,
                0.01, 0, presum};
-  striped.striped = true;
+  striped.striped = 1;
   v.push_back(striped);
   Case striped_top8{"striped_top8_interleaved_rank0_empty", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform,
                     {0, 400}, 0, 0, 0, 0, presum};
-  striped_top8.striped = true;
+  striped_top8.striped = 1;
   striped_top8.interleave_sends = true;
   v.push_back(striped_top8);
   Case striped_few{"striped_perslot_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {700}, 0, 0, 0, 8};
-  striped_few.striped = true;
+  striped_few.striped = 1;
   v.push_back(striped_few);
   return v;
 }

@@ -99,11 +99,13 @@ struct MoeFfnConfig {
   // moe::auto_local_first (local-first at <= 4096 tokens with owner-major sends: measured faster
   // there, slower on larger calls; docs/perf-notes.md 2026-11-30).
   int local_first = -1;
-  // Layer 0's all-to-all dispatch: false = each GEMM CTA's send warps copy whole units of 128 rows
-  // (one unit per CTA in flight); true = the send rows dealt to all CTAs' send warps row by row in
-  // send order, each unit's flag raised by the warp that copies its last row (rows arrive in
-  // order instead of a round of units at once). EXPERIMENT 2026-11-30, A/B in the MoE bench.
-  bool striped_dispatch = false;
+  // Layer 0's all-to-all dispatch: 0 = each GEMM CTA's send warps copy whole units of 128 rows
+  // (one unit per CTA in flight: a round of units finishes together); 1 = striped, the send rows
+  // dealt to all CTAs' send warps in send order (4 rows a warp a round, one fence a round), each
+  // unit's flag raised by the warp that counts its last row, so rows arrive in order; -1 =
+  // moe::auto_striped (rows of >= 8 KB; measured 2026-11-30, docs/perf-notes.md). The MoE tuner
+  // pairs striped with interleaved sends (interleave_sends) and expert-order tiles.
+  int striped_dispatch = -1;
   // Layer 1 with the pre-summed combine: 0 = the pre-sum as a kernel after the GEMM (default);
   // n > 0 = n CTAs that pre-sum each slice of columns beside the GEMM as soon as the GEMM has
   // stored it (the GEMM takes its tiles slice by slice on the other SMs); -1 = the MoE tuner's

@@ -35,6 +35,9 @@ struct MoeChoice {
   int presum_ctas = 0;
   // Layer 0's tile order (MoeFfnConfig::local_first): local-first (auto_local_first) or expert by expert.
   bool local_first = false;
+  // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch; auto_striped): then interleaved
+  // sends and expert-order tiles (the rows leave in the order every receiver's tiles take them).
+  bool striped_dispatch = false;
   // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
   // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
   // token to every peer once: k / W. Above 1 the all-gather mode (not built on GPUs) would move
@@ -49,9 +52,13 @@ struct MoeChoice {
 // MoeFfn for MoeCombine::kAuto.
 const char* auto_combine(int topk, int world_size);
 
-// Layer 0's local-first tile order for a call (MoeFfnConfig::local_first = -1): with peers, sends
-// in owner-major order (the own rows copied first) and at most kLocalFirstMaxTokens tokens on this rank.
-bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends);
+// Layer 0's local-first tile order for a call (MoeFfnConfig::local_first = -1): with peers, the
+// unit dispatch with sends in owner-major order (the own rows copied first) and at most
+// kLocalFirstMaxTokens tokens on this rank.
+bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bool striped = false);
+// Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch = -1): with peers, rows (hidden * 2
+// bytes in bf16) of at least kStripedMinRowBytes.
+bool auto_striped(int64_t row_bytes, int world_size);
 
 // Throws InvalidArgument naming the argument and the rule: world_size < 1, num_experts not
 // divisible by it, topk outside [1, num_experts], non-positive tokens/hidden/ffn, imbalance that
@@ -76,6 +83,11 @@ struct MoeTunerConstants {
   // 0.75 -> 0.62 ms, DeepSeek 5.50 -> 5.24 at 4096 uniform); from 8192 it lost 2-23 % (its second
   // pass over each expert's weights; with interleaved sends the local rows also come late).
   static constexpr int64_t kLocalFirstMaxTokens = 4096;
+  // Layer 0's striped dispatch (rows dealt to all send warps in send order) from this row size:
+  // 2026-11-30, with interleaved sends and expert-order tiles, DeepSeek-like (14 KB rows) fused/limit
+  // 1.20-1.28 -> 1.06-1.14 and Mixtral (8 KB) 1-2 % faster; Qwen3 (4 KB rows: a fence per 4 rows
+  // weighs more) -1 % geomean, up to +8 % at 16384 tokens.
+  static constexpr int64_t kStripedMinRowBytes = 8192;
   static constexpr double kInterleaveMaxImbalance = 1.25;
   static constexpr int kPresumMaxTopk = 32;
   // Layer 1's pre-sum beside the GEMM (opt-in, MoeFfnConfig::presum_ctas = -1; measured slower

@@ -31,8 +31,11 @@ TEST(MoeTuner, CombineRule) {
 }
 
 TEST(MoeTuner, SendOrderFollowsTheMeasuredCases) {
-  // 2026-11-30 A/B (bench/results/2026-11-30-h200x2-moe-ffn-ab-*): interleaved won on the balanced
-  // cases from 8192 tokens per rank and lost on the skewed ones and DeepSeek-like at 4096.
+  // 2026-11-30 A/B (bench/results/2026-11-30-h200x2-moe-ffn-ab-*), dispatch by units: interleaved
+  // won on the balanced cases from 8192 tokens per rank and lost on the skewed ones and
+  // DeepSeek-like at 4096. Since the striped dispatch (rows >= 8 KB: DeepSeek-like, Mixtral),
+  // interleaved always there (...-moe-ffn-striped-ab-c4394f3: DeepSeek-like 4096 uniform fused
+  // 8.10 -> 7.28 ms, striped with owner-major sends 7.79).
   struct Case {
     int e, k;
     int64_t t, h, f;
@@ -43,9 +46,9 @@ TEST(MoeTuner, SendOrderFollowsTheMeasuredCases) {
       {128, 8, 16384, 2048, 768, 1.00, "interleaved"},   // Qwen3 uniform: 3.775 -> 3.318 ms
       {128, 8, 8192, 2048, 768, 1.00, "interleaved"},    // Qwen3 uniform: 2.001 -> 1.826
       {256, 8, 16384, 7168, 2048, 1.00, "interleaved"},  // DeepSeek-like uniform: 30.52 -> 28.27
-      {256, 8, 4096, 7168, 2048, 1.00, "owner-major"},   // DeepSeek-like uniform: 8.34 -> 8.73 (lost)
+      {256, 8, 4096, 7168, 2048, 1.00, "interleaved"},   // DeepSeek-like, striped (by units: 8.34 -> 8.73, lost)
       {128, 8, 8192, 2048, 768, 1.78, "owner-major"},    // Qwen3 zipf: 2.699 -> 2.796 (lost)
-      {8, 2, 4096, 4096, 14336, 1.00, "owner-major"},    // Mixtral: +-1 %
+      {8, 2, 4096, 4096, 14336, 1.56, "interleaved"},    // Mixtral zipf, striped: 7.33 -> 7.25 ms
   };
   for (const Case& c : cases) {
     const MoeChoice ch = choose_moe_config(problem(2, c.e, c.k, c.t, c.h, c.f, c.imbalance));
@@ -86,11 +89,31 @@ TEST(MoeTuner, EdgesOfTheLocalFirstRule) {
   EXPECT_NE(zipf_large.why.find("16384 > 4096 tokens per rank"), std::string::npos) << zipf_large.why;
 }
 
+// Layer 0's striped dispatch from 8 KB rows (H >= 4096 in bf16), with interleaved sends and
+// expert-order tiles; by units below, with the older rules.
+TEST(MoeTuner, EdgesOfTheStripedRule) {
+  using C = MoeTunerConstants;
+  EXPECT_TRUE(auto_striped(C::kStripedMinRowBytes, 2));
+  EXPECT_FALSE(auto_striped(C::kStripedMinRowBytes - 2, 2));
+  EXPECT_FALSE(auto_striped(1 << 20, 1));  // one rank: nothing to send
+  const MoeChoice deepseek = choose_moe_config(problem(2, 256, 8, 4096, 7168, 2048, 1.0));
+  EXPECT_TRUE(deepseek.striped_dispatch);
+  EXPECT_EQ(deepseek.send_order, "interleaved");  // below kInterleaveMinTokens: for the striping
+  EXPECT_FALSE(deepseek.local_first);
+  EXPECT_NE(deepseek.why.find("layer 0 dispatch striped: rows of 14336 >= 8192 bytes"), std::string::npos)
+      << deepseek.why;
+  const MoeChoice qwen = choose_moe_config(problem(2, 128, 8, 4096, 2048, 768, 1.0));
+  EXPECT_FALSE(qwen.striped_dispatch);
+  EXPECT_EQ(qwen.send_order, "owner-major");
+  EXPECT_TRUE(qwen.local_first);
+  EXPECT_FALSE(auto_local_first(1024, 2, false, true));  // striped: expert order
+}
+
 TEST(MoeTuner, WhyAndToString) {
   const MoeChoice a = choose_moe_config(problem(2, 128, 8, 16384, 2048, 768, 1.0));
   EXPECT_EQ(to_string(a),
             "dispatch=all-to-all combine=presum send_order=interleaved n_c=0 send_warps_per_cta=3 unit_rows=128 "
-            "presum_ctas=0 l0_order=expert");
+            "presum_ctas=0 l0_order=expert l0_dispatch=units");
   // Layer 1's pre-sum after the GEMM (beside it measured slower); the opt-in estimate for Qwen3 at
   // 16384 tokens: 671 MB of pre-sum against ~0.69 ms of GEMM (33 CTAs at 30 GB/s, capped at 32).
   EXPECT_NE(a.why.find("layer 1 pre-sum after the GEMM (presum_ctas 0)"), std::string::npos) << a.why;
@@ -104,7 +127,7 @@ TEST(MoeTuner, WhyAndToString) {
   EXPECT_NE(a.why.find("all-gather mode measured slower on all 18 cases"),
             std::string::npos)
       << a.why;
-  const MoeChoice b = choose_moe_config(problem(2, 8, 1, 4096, 4096, 14336, 1.78));
+  const MoeChoice b = choose_moe_config(problem(2, 8, 1, 4096, 2048, 14336, 1.78));  // 4 KB rows: by units
   EXPECT_DOUBLE_EQ(b.alltoall_over_allgather_bytes, 0.5);
   EXPECT_EQ(b.why.find("fewer dispatch bytes"), std::string::npos) << b.why;
   EXPECT_EQ(b.combine, "per-slot");
