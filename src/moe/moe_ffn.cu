@@ -58,9 +58,9 @@ __device__ __forceinline__ T select4(const T (&a)[4], int i) {
 // A source's send order over the global experts (rotated index i <-> expert). Owner-major (v1,
 // measured): this rank's own experts first, then rank + 1's, ...; a receiver's first experts get
 // their remote rows only after every source has copied its own rows. Interleaved
-// (MoeFfnConfig::interleave_sends, opt-in: measured 2026-11-30 faster only on balanced large
-// cases): local expert j of every owner in turn (owners rotated from this rank), in the order the
-// receivers' tiles need them.
+// (MoeFfnConfig::interleave_sends; the MoE tuner picks it with the striped dispatch and on
+// balanced large cases): local expert j of every owner in turn (owners rotated from this rank),
+// in the order the receivers' tiles need them.
 struct Geometry {
   int world = 1, rank = 0, experts = 1, epr = 1, topk = 1;
   int64_t hidden = 0, max_chunks = 0;
