@@ -403,6 +403,7 @@ const char* const kUsage =
     "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n"
     "  CCFUSE_MOE_L0_ORDER=expert|local: layer 0's tiles expert by expert or local-first (not the tuner's).\n"
     "  CCFUSE_MOE_STRIPED=1|0: layer 0's striped dispatch or the dispatch by units (not the tuner's).\n"
+    "  CCFUSE_MOE_STRIPE_ROWS=N: rows per send warp per round of the striped dispatch (1..32, default 4).\n"
     "  CCFUSE_MOE_GROUPED_SYM=1: the plain grouped GEMMs' A and C in symmetric memory (A/B of the allocation).\n"
     "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n";
 
@@ -658,6 +659,8 @@ int main(int argc, char** argv) {
               // Layer 0's dispatch: the tuner's; CCFUSE_MOE_STRIPED=1|0 forces striped or by units (A/B).
               cfg.striped_dispatch = choice.striped_dispatch ? 1 : 0;
               if (const std::string v = env_or("CCFUSE_MOE_STRIPED", ""); !v.empty()) cfg.striped_dispatch = v == "1" ? 1 : 0;
+              // CCFUSE_MOE_STRIPE_ROWS=N: rows per send warp per round of the striped dispatch (A/B).
+              if (const std::string v = env_or("CCFUSE_MOE_STRIPE_ROWS", ""); !v.empty()) cfg.stripe_rows = std::stoi(v);
               // Layer 0's tile order: the tuner's; CCFUSE_MOE_L0_ORDER=expert|local forces one (A/B).
               cfg.local_first = choice.local_first ? 1 : 0;
               if (const std::string o = env_or("CCFUSE_MOE_L0_ORDER", ""); !o.empty()) {

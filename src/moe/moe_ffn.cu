@@ -379,10 +379,10 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // of a round's units finish together, and a tile's rows wait for a whole round.
   bool striped = false;
   int* unit_done = nullptr;  // [units] zero at the call's start
-  // A warp takes kStripeBatch rows (i, i + G, ...) per round: one system fence per round, then
-  // the rows' counts in parallel (lane j: row j). The first version fenced and searched per row:
-  // 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
-  static constexpr int kStripeBatch = 4;
+  // A warp takes stripe_rows rows (i, i + G, ...) per round (MoeFfnConfig::stripe_rows, <= 32):
+  // one system fence per round, then the rows' counts in parallel (lane j: row j). The first
+  // version fenced and searched per row: 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
+  int stripe_rows = 4;
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
@@ -390,11 +390,11 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
     int lo = 0;  // rotated expert of the warp's latest row: rows only go forward
-    for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += kStripeBatch * g_warps) {
+    for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       int my_lo = 0, my_owner = 0;
       int64_t my_r = 0;
       int rows_here = 0;
-      for (int j = 0; j < kStripeBatch; ++j) {
+      for (int j = 0; j < stripe_rows; ++j) {
         const int64_t i = i0 + j * g_warps;
         if (i >= total_rows) break;
         // Forward to the largest rotated index with rows_base[lo] <= i, 32 candidates a load
@@ -858,6 +858,12 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   const int w = team.world_size();
   CCFUSE_ARG_CHECK(w <= kMaxMoeRanks, "moe_ffn: world size ", w, " exceeds ", kMaxMoeRanks);
   CCFUSE_ARG_CHECK(d.max_tokens > 0, "max_tokens ", d.max_tokens, " must be positive");
+  CCFUSE_ARG_CHECK(cfg.local_first >= -1 && cfg.local_first <= 1, "local_first ", cfg.local_first,
+                   " must be -1 (per call), 0 (expert order) or 1 (local-first)");
+  CCFUSE_ARG_CHECK(cfg.striped_dispatch >= -1 && cfg.striped_dispatch <= 1, "striped_dispatch ", cfg.striped_dispatch,
+                   " must be -1 (by row size), 0 (by units) or 1 (striped)");
+  CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
+                   " must be in [1, 32] (one lane counts each row of a round)");
   CCFUSE_ARG_CHECK(d.num_experts >= 1, "num_experts ", d.num_experts, " must be at least 1");
   CCFUSE_ARG_CHECK(d.num_experts <= 1024, "num_experts ", d.num_experts, " exceeds 1024 (the counts matrix of the "
                    "exchange kernel lives in shared memory)");
@@ -992,7 +998,8 @@ std::string MoeFfn::describe() const {
      << " chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
-     << (!allgather && s_->striped ? "(striped rows)" : "")
+     << (!allgather && s_->striped ? "(striped rows, " + std::to_string(s_->cfg.stripe_rows) + " a warp a round)"
+                                   : std::string())
      << (s_->cfg.local_first > 0 ? "(local-first tiles)"
                                  : s_->cfg.local_first == 0 ? "(expert-order tiles)"
                                                             : "(tile order auto: local-first at <= 4096 tokens)")
@@ -1133,6 +1140,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.block_begin = s.plan.block_begin;
     epi.striped = s.striped;
     epi.unit_done = s.plan.unit_done;
+    epi.stripe_rows = s.cfg.stripe_rows;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));

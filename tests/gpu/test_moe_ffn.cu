@@ -93,6 +93,7 @@ struct Case {
   int presum_ctas = 0;    // MoeFfnConfig::presum_ctas
   int local_first = -1;  // MoeFfnConfig::local_first
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
+  int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -282,6 +283,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.presum_ctas = c.presum_ctas;
     config.local_first = c.local_first;
     config.striped_dispatch = c.striped;
+    config.stripe_rows = c.stripe_rows;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     cudaStream_t s;
@@ -477,6 +479,16 @@ std::vector<Case> cases() {
   Case striped_few{"striped_perslot_8sms", 768, 384, 8, 2, true, BLayout::kKN, Route::kUniform, {700}, 0, 0, 0, 8};
   striped_few.striped = 1;
   v.push_back(striped_few);
+  // The round's size at its ends (MoeFfnConfig::stripe_rows 1 and 32; written 2026-11-30 08:10,
+  // not yet run on a GPU).
+  Case stripe1 = striped;
+  stripe1.name = "striped_1_row_a_round";
+  stripe1.stripe_rows = 1;
+  v.push_back(stripe1);
+  Case stripe32 = striped_top8;
+  stripe32.name = "striped_32_rows_a_round_top8";
+  stripe32.stripe_rows = 32;
+  v.push_back(stripe32);
   return v;
 }
 
@@ -520,6 +532,17 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.max_tokens = 0; })); }, "max_tokens");
     expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.ffn = 192; })); }, "ffn");  // SwiGLU: 128 | F
     expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.dtype = DType::kFloat16; })); }, "dtype");
+    // Config knobs outside their ranges (checked before any collective allocation).
+    auto config = [](auto change) {
+      MoeFfnConfig c;
+      change(c);
+      return c;
+    };
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 0; })); }, "stripe_rows");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 33; })); }, "stripe_rows");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.local_first = 2; })); }, "local_first");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.striped_dispatch = -2; })); },
+                    "striped_dispatch");
 
     MoeFfn op(team, good);
     const int64_t t = good.max_tokens + 1, h = good.hidden, f = good.ffn;

@@ -108,6 +108,9 @@ struct MoeFfnConfig {
   // moe::auto_striped (rows of >= 8 KB; measured 2026-11-30, docs/perf-notes.md). The MoE tuner
   // pairs striped with interleaved sends (interleave_sends) and expert-order tiles.
   int striped_dispatch = -1;
+  // Striped dispatch: rows a send warp copies per round, 1..32 (one system fence a round; more
+  // rows per fence for small rows, coarser arrival order). 4 measured 2026-11-30.
+  int stripe_rows = 4;
   // Layer 1 with the pre-summed combine: 0 = the pre-sum as a kernel after the GEMM (default);
   // n > 0 = n CTAs that pre-sum each slice of columns beside the GEMM as soon as the GEMM has
   // stored it (the GEMM takes its tiles slice by slice on the other SMs); -1 = the MoE tuner's
@@ -126,7 +129,8 @@ constexpr int kMaxMoeRanks = 8;
 class MoeFfn {
  public:
   // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
-  // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; H a positive
+  // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; local_first and
+  // striped_dispatch in [-1, 1]; stripe_rows in [1, 32]; H a positive
   // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
   // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
   MoeFfn(comm::Team& team, const MoeFfnDesc& desc, MoeFfnConfig config = {});
