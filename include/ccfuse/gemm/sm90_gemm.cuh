@@ -147,6 +147,15 @@ struct Traits {
   CCFUSE_HD static constexpr int staging_chunk(int row, int j, int swizzle) {
     return (j / kStoreChunks) * kStoreSubBytes + row * kStoreRowBytes + (((j % kStoreChunks) ^ swizzle) << 4);
   }
+  // stmatrix.x4 staging (CCFUSE_STMATRIX_STAGING): a warp stores column groups j and j + 1 of its
+  // 16 rows as four 8x8 matrices, m = 0..3: column group j + m / 2, rows 8 (m % 2) .. + 7; lane l
+  // gives the address of row l % 8 of matrix l / 8. The chunk (byte offset) lane l addresses, for
+  // the warp whose first tile row is warp_row0; checked against staging_chunk for every element
+  // (tests/cpp/gemm/test_store_swizzle.cu).
+  CCFUSE_HD static constexpr int stmatrix_chunk(int warp_row0, int j, int lane) {
+    const int row = warp_row0 + (lane % 8) + 8 * ((lane / 8) % 2);
+    return staging_chunk(row, j + lane / 16, staging_swizzle(row));
+  }
   static auto gmem_c(Element* c, int64_t m, int64_t n, int64_t ldc) {
     return make_tensor(make_gmem_ptr(c), make_shape(int(m), int(n)), make_stride(ldc, _1{}));
   }
@@ -413,6 +422,12 @@ __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + er
 // passes 2^126, where SiLU is below 1e-36 anyway). The IEEE division (CCFUSE_FAST_SILU=0) made
 // the SwiGLU epilogue cost 7-25 % of the whole grouped GEMM (MoE layer 0; measured 2026-11-30,
 // docs/perf-notes.md).
+// CCFUSE_STMATRIX_STAGING=1: the TMA-store epilogue writes its staging buffer with stmatrix.x4
+// (one instruction per two 8-column groups of a warp's 16 rows) instead of 32-bit stores.
+// EXPERIMENT, written 2026-11-30, not yet run on a GPU (docs/perf-notes.md).
+#ifndef CCFUSE_STMATRIX_STAGING
+#define CCFUSE_STMATRIX_STAGING 0
+#endif
 #ifndef CCFUSE_FAST_SILU
 #define CCFUSE_FAST_SILU 1
 #endif
@@ -542,6 +557,33 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   // The swizzled addresses by hand (Traits::staging_chunk).
   char* const c_bytes = reinterpret_cast<char*>(ss.c);
   const int swizzle = Traits::staging_swizzle(row);  // = staging_swizzle(row + 8)
+#if CCFUSE_STMATRIX_STAGING
+  // One stmatrix.x4 per two column groups instead of four 32-bit stores (Traits::stmatrix_chunk).
+  static_assert((kOutCols / 8) % 2 == 0, "stmatrix.x4 stores column groups in pairs");
+  (void)swizzle;
+  (void)c0;
+  const int warp_row0 = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16;
+  const uint32_t c_smem = uint32_t(__cvta_generic_to_shared(ss.c));
+  CUTE_UNROLL
+  for (int j = 0; j < kOutCols / 8; j += 2) {
+    uint32_t bits[4];
+    CUTE_UNROLL
+    for (int m = 0; m < 4; ++m) {  // matrix m: column group j + m / 2, fragment half m % 2
+      const float2 pv = output_pair<kBN, Epilogue>(accum, j + m / 2, m % 2, scale[m % 2]);
+      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(pv.x, pv.y);
+        bits[m] = *reinterpret_cast<uint32_t*>(&v);
+      } else {
+        __half2 v = __floats2half2_rn(pv.x, pv.y);
+        bits[m] = *reinterpret_cast<uint32_t*>(&v);
+      }
+    }
+    const uint32_t addr = c_smem + uint32_t(Traits::stmatrix_chunk(warp_row0, j, lane));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(bits[0]),
+                 "r"(bits[1]), "r"(bits[2]), "r"(bits[3])
+                 : "memory");
+  }
+#else
   CUTE_UNROLL
   for (int j = 0; j < kOutCols / 8; ++j) {
     CUTE_UNROLL
@@ -561,6 +603,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
       *reinterpret_cast<uint32_t*>(c_bytes + offset) = bits;
     }
   }
+#endif
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
   if (consumer_idx == 0) {

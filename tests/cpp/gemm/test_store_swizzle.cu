@@ -41,6 +41,35 @@ void check_staging_addresses() {
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "element slot " << i;
 }
 
+// CCFUSE_STMATRIX_STAGING: stmatrix.x4 puts register m of lane t (the pair at columns
+// 2 (t % 4) + {0, 1} of row t / 4 of matrix m) at the address lane 8 m + t / 4 gave; every such
+// element must land where the 32-bit stores put it: row t / 4 + 8 (m % 2) of the warp's 16, column
+// group j + m / 2 (store_tile_tma's fragment layout).
+template <class Traits>
+void check_stmatrix_addresses() {
+  using E = typename Traits::Element;
+  constexpr int kBM = Traits::kBlockM, kBN = Traits::kBlockN;
+  SCOPED_TRACE(::testing::Message() << "stmatrix, tile " << kBM << "x" << kBN);
+  for (int warp_row0 = 0; warp_row0 < kBM; warp_row0 += 16)
+    for (int j = 0; j + 1 < kBN / 8; j += 2)
+      for (int t = 0; t < 32; ++t)
+        for (int m = 0; m < 4; ++m)
+          for (int e = 0; e < 2; ++e) {
+            const int byte = (2 * (t % 4) + e) * int(sizeof(E));
+            const int got = Traits::stmatrix_chunk(warp_row0, j, 8 * m + t / 4) + byte;
+            const int row = warp_row0 + t / 4;
+            const int want = Traits::staging_chunk(row + 8 * (m % 2), j + m / 2, Traits::staging_swizzle(row)) + byte;
+            ASSERT_EQ(got, want) << "warp row " << warp_row0 << " j " << j << " lane " << t << " matrix " << m;
+          }
+}
+
+TEST(GemmStoreSwizzle, StmatrixAddressesMatchTheScalarStores) {
+  check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 256, 64, 3, true, 1, true>>();
+  check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 192, 64, 4, true, 2, true>>();
+  check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 128, 64, 5, false, 1, true>>();
+  check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 96, 64, 7, true, 1, true>>();
+}
+
 using Bf16 = cutlass::bfloat16_t;
 using Fp16 = cutlass::half_t;
 
