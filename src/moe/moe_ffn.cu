@@ -12,7 +12,6 @@
 #include "ccfuse/moe/dispatch_gpu.h"
 #include "ccfuse/moe/dispatch_plan.h"
 #include "ccfuse/moe/moe_tuner.h"
-#include "ccfuse/moe/moe_tuner.h"
 
 namespace ccfuse::moe {
 
@@ -157,9 +156,10 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
                                nullptr);
   __syncthreads();  // row_prefix written
   if (threadIdx.x == 0) {
-    // Layer 0's first tiles (L0Schedule::local_first): a local expert's rows start with this
-    // rank's own (block_begin: the owner's block first), so its first floor(own / 128) row tiles
-    // hold only rows copied on this GPU (within the rows kept under max_rows).
+    // Layer 0's first tiles (MoeFfnConfig::local_first, L0Schedule::local_prefix): a local
+    // expert's rows start with this rank's own (block_begin: the owner's block first), so its
+    // first floor(own / 128) row tiles hold only rows copied on this GPU (within the rows kept
+    // under max_rows).
     int tiles = 0;
     for (int x = 0; x < g.epr; ++x) {
       plan.local_prefix0[x] = tiles;

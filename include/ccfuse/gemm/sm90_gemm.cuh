@@ -418,16 +418,16 @@ struct PeerBandEpilogue {
 };
 
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
-// SiLU's quotient by __fdividef (approximate, ~2 ulp, far below bf16's rounding; 0 once 1 + e^-x
-// passes 2^126, where SiLU is below 1e-36 anyway). The IEEE division (CCFUSE_FAST_SILU=0) made
-// the SwiGLU epilogue cost 7-25 % of the whole grouped GEMM (MoE layer 0; measured 2026-11-30,
-// docs/perf-notes.md).
 // CCFUSE_STMATRIX_STAGING=1: the TMA-store epilogue writes its staging buffer with stmatrix.x4
 // (one instruction per two 8-column groups of a warp's 16 rows) instead of 32-bit stores.
 // EXPERIMENT, written 2026-11-30, not yet run on a GPU (docs/perf-notes.md).
 #ifndef CCFUSE_STMATRIX_STAGING
 #define CCFUSE_STMATRIX_STAGING 0
 #endif
+// SiLU's quotient by __fdividef (approximate, ~2 ulp, far below bf16's rounding; 0 once 1 + e^-x
+// passes 2^126, where SiLU is below 1e-36 anyway). The IEEE division (CCFUSE_FAST_SILU=0) made
+// the SwiGLU epilogue cost 7-25 % of the whole grouped GEMM (MoE layer 0; measured 2026-11-30,
+// docs/perf-notes.md).
 #ifndef CCFUSE_FAST_SILU
 #define CCFUSE_FAST_SILU 1
 #endif
@@ -437,6 +437,18 @@ __device__ __forceinline__ float silu(float x) {
 #else
   return x / (1.f + __expf(-x));
 #endif
+}
+
+// Two fp32 values rounded to Element (bf16 or fp16), packed in one 32-bit word, x in the low half.
+template <class Element>
+__device__ __forceinline__ uint32_t round_pair(float2 v) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(v.x, v.y);
+    return *reinterpret_cast<uint32_t*>(&p);
+  } else {
+    __half2 p = __floats2half2_rn(v.x, v.y);
+    return *reinterpret_cast<uint32_t*>(&p);
+  }
 }
 
 template <class Element>
@@ -569,14 +581,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
     uint32_t bits[4];
     CUTE_UNROLL
     for (int m = 0; m < 4; ++m) {  // matrix m: column group j + m / 2, fragment half m % 2
-      const float2 pv = output_pair<kBN, Epilogue>(accum, j + m / 2, m % 2, scale[m % 2]);
-      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(pv.x, pv.y);
-        bits[m] = *reinterpret_cast<uint32_t*>(&v);
-      } else {
-        __half2 v = __floats2half2_rn(pv.x, pv.y);
-        bits[m] = *reinterpret_cast<uint32_t*>(&v);
-      }
+      bits[m] = round_pair<Element>(output_pair<kBN, Epilogue>(accum, j + m / 2, m % 2, scale[m % 2]));
     }
     const uint32_t addr = c_smem + uint32_t(Traits::stmatrix_chunk(warp_row0, j, lane));
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(bits[0]),
@@ -588,16 +593,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   for (int j = 0; j < kOutCols / 8; ++j) {
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const float2 pv = output_pair<kBN, Epilogue>(accum, j, h, scale[h]);
-      const float v0 = pv.x, v1 = pv.y;
-      uint32_t bits;
-      if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(v0, v1);
-        bits = *reinterpret_cast<uint32_t*>(&v);
-      } else {
-        __half2 v = __floats2half2_rn(v0, v1);
-        bits = *reinterpret_cast<uint32_t*>(&v);
-      }
+      const uint32_t bits = round_pair<Element>(output_pair<kBN, Epilogue>(accum, j, h, scale[h]));
       // col = c0 + 8j is even: the pair stays inside one 16-byte chunk of the swizzled row.
       const int offset = Traits::staging_chunk(row + 8 * h, j, swizzle) + c0 * int(sizeof(Element));
       *reinterpret_cast<uint32_t*>(c_bytes + offset) = bits;
