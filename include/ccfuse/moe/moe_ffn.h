@@ -103,7 +103,7 @@ struct MoeFfnConfig {
   int local_first = -1;
   // Layer 0's all-to-all dispatch: 0 = each GEMM CTA's send warps copy whole units of 128 rows
   // (one unit per CTA in flight: a round of units finishes together); 1 = striped, the send rows
-  // dealt to all CTAs' send warps in send order (4 rows a warp a round, one fence a round), each
+  // dealt to all CTAs' send warps in send order (stripe_rows a warp a round, one fence a round), each
   // unit's flag raised by the warp that counts its last row, so rows arrive in order; -1 =
   // moe::auto_striped (rows of >= 8 KB; measured 2026-11-30, docs/perf-notes.md). The MoE tuner
   // pairs striped with interleaved sends (interleave_sends) and expert-order tiles.

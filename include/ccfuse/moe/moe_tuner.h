@@ -85,7 +85,7 @@ struct MoeTunerConstants {
   static constexpr int64_t kLocalFirstMaxTokens = 4096;
   // Layer 0's striped dispatch (rows dealt to all send warps in send order) from this row size:
   // 2026-11-30, with interleaved sends and expert-order tiles, DeepSeek-like (14 KB rows) fused/limit
-  // 1.20-1.28 -> 1.06-1.14 and Mixtral (8 KB) 1-2 % faster; Qwen3 (4 KB rows: a fence per 4 rows
+  // 1.09-1.28 -> 1.06-1.14 and Mixtral (8 KB) 1-2 % faster; Qwen3 (4 KB rows: a fence per 4 rows
   // weighs more) -1 % geomean, up to +8 % at 16384 tokens.
   static constexpr int64_t kStripedMinRowBytes = 8192;
   static constexpr double kInterleaveMaxImbalance = 1.25;
