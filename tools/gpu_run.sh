@@ -14,6 +14,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$OUT"
 BIN=${CCFUSE_BIN:-.carry/bin}  # CCFUSE_BIN: another staged build
+# The stage scripts gzip the binaries (the device tool carries at most 64 MiB): unpack them here.
+for d in .carry/bin .carry/bin-*; do
+  for gz in "$d"/*.gz; do [ -e "$gz" ] && gunzip -f "$gz" && chmod +x "${gz%.gz}"; done
+done
 export CCFUSE_COMMIT=$(tr -d '\n' < .carry/commit 2>/dev/null || echo unknown)
 what=${*:-tests comm tp}
 
