@@ -658,6 +658,7 @@ int main(int argc, char** argv) {
               cfg.tma_store = env_or("CCFUSE_MOE_TMA_STORE", "") != "0";
               // Layer 0's dispatch: the tuner's; CCFUSE_MOE_STRIPED=1|0 forces striped or by units (A/B).
               cfg.striped_dispatch = choice.striped_dispatch ? 1 : 0;
+              cfg.stripe_rows = choice.stripe_rows;
               if (const std::string v = env_or("CCFUSE_MOE_STRIPED", ""); !v.empty()) cfg.striped_dispatch = v == "1" ? 1 : 0;
               // CCFUSE_MOE_STRIPE_ROWS=N: rows per send warp per round of the striped dispatch (A/B).
               if (const std::string v = env_or("CCFUSE_MOE_STRIPE_ROWS", ""); !v.empty()) cfg.stripe_rows = std::stoi(v);

@@ -279,7 +279,9 @@ if [[ " $what " == *" moe_diag "* ]]; then
   # l1gemm (layer 1 without the pre-sum and combine kernels). One line per (variant, model).
   : > "$OUT/moe_diag.jsonl"; : > "$OUT/moe_diag.log"
   for diag in ${CCFUSE_MOE_DIAGS:-none l0pre nowait nosend l1gemm}; do
-    CCFUSE_MOE_DIAG=$([ $diag = none ] || echo $diag) timeout 200 $BIN/ccfuse_moe_ffn_bench --tokens 4096 --routing uniform \
+    # CCFUSE_MOE_DIAG_TOKENS (default 4096) and CCFUSE_MOE_DIAG_MODELS (default: all three).
+    CCFUSE_MOE_DIAG=$([ $diag = none ] || echo $diag) timeout 200 $BIN/ccfuse_moe_ffn_bench \
+      --tokens ${CCFUSE_MOE_DIAG_TOKENS:-4096} --routing uniform ${CCFUSE_MOE_DIAG_MODELS:+--model $CCFUSE_MOE_DIAG_MODELS} \
       --json "$OUT/moe_diag.jsonl" --iters 10 --warmup 3 >> "$OUT/moe_diag.log" 2>&1 || status=1
   done
   python3 - "$OUT/moe_diag.jsonl" > "$OUT/moe_diag_summary.log" <<'PY'

@@ -150,6 +150,7 @@ int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int n
     cfg.combine = choice.combine == "presum" ? ccfuse::moe::MoeCombine::kPresum : ccfuse::moe::MoeCombine::kPerSlot;
     cfg.interleave_sends = choice.send_order == "interleaved";
     cfg.striped_dispatch = choice.striped_dispatch ? 1 : 0;
+    cfg.stripe_rows = choice.stripe_rows;
     // local_first stays -1: chosen per call from its token count (moe::auto_local_first).
     auto h = std::make_unique<ccfuse_moe_ffn>();
     h->ffn = std::make_unique<ccfuse::moe::MoeFfn>(t, d, cfg);

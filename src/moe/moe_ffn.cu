@@ -382,7 +382,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // A warp takes stripe_rows rows (i, i + G, ...) per round (MoeFfnConfig::stripe_rows, <= 32):
   // one system fence per round, then the rows' counts in parallel (lane j: row j). The first
   // version fenced and searched per row: 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
-  int stripe_rows = 4;
+  int stripe_rows = 16;
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);

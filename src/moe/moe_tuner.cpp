@@ -70,13 +70,15 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
     why << "combine per-slot: topk " << p.topk << " > " << C::kPresumMaxTopk << " (a warp holds a token's slots). ";
   const bool balanced = p.imbalance > 0 && p.imbalance <= C::kInterleaveMaxImbalance;
   c.striped_dispatch = auto_striped(p.hidden * 2, p.world_size);
+  c.stripe_rows = C::kStripeRows;
   const bool interleave =
       p.world_size > 1 && (c.striped_dispatch || (balanced && p.tokens_per_rank >= C::kInterleaveMinTokens));
   c.send_order = interleave ? "interleaved" : "owner-major";
   if (p.world_size > 1)
     why << "layer 0 dispatch " << (c.striped_dispatch ? "striped" : "by units") << ": rows of " << p.hidden * 2
         << (c.striped_dispatch ? " >= " : " < ") << C::kStripedMinRowBytes
-        << " bytes (striped, the rows leave in send order with a fence per 4 rows a warp; by units, a round "
+        << " bytes (striped, the rows leave in send order with a fence per " << c.stripe_rows
+        << " rows a warp; by units, a round "
            "of 128-row units finishes together; measured 2026-11-30). ";
   if (p.world_size == 1)
     why << "send order owner-major: one rank, nothing to send. ";
@@ -135,7 +137,7 @@ std::string to_string(const MoeChoice& c) {
   os << "dispatch=" << c.dispatch << " combine=" << c.combine << " send_order=" << c.send_order
      << " n_c=" << c.num_comm_ctas << " send_warps_per_cta=" << c.send_warps_per_cta << " unit_rows=" << c.unit_rows
      << " presum_ctas=" << c.presum_ctas << " l0_order=" << (c.local_first ? "local-first" : "expert")
-     << " l0_dispatch=" << (c.striped_dispatch ? "striped" : "units");
+     << " l0_dispatch=" << (c.striped_dispatch ? "striped(" + std::to_string(c.stripe_rows) + " rows)" : "units");
   return os.str();
 }
 

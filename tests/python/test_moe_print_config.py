@@ -14,16 +14,19 @@ class MoePrintConfig(unittest.TestCase):
         e.update(env or {})
         return subprocess.run([BENCH, "--print-config", *args], capture_output=True, text=True, timeout=120, env=e)
 
-    def test_choices_follow_the_routing(self):
+    def test_choices_per_case(self):
         r = self.run_bench("--model", "qwen3", "--tokens", "4096", "16384", "--world-size", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
         configs = [l.split("=", 1)[1] for l in r.stdout.splitlines() if l.startswith("moe_config=")]
+        self.assertEqual(len(configs), 4)  # 4096 uniform, 4096 zipf, 16384 uniform, 16384 zipf
         orders = [c.split("send_order=")[1].split()[0] for c in configs]
-        # cases in order: 4096 uniform, 4096 zipf, 16384 uniform, 16384 zipf
-        self.assertEqual(orders, ["owner-major", "owner-major", "interleaved", "owner-major"])
+        # Qwen3's 4 KB rows take the striped dispatch (16 rows a round, measured 2026-11-30), which
+        # sends interleaved whatever the routing's skew.
+        self.assertEqual(orders, ["interleaved"] * 4)
+        self.assertTrue(all("l0_dispatch=striped(16 rows)" in c and "l0_order=expert" in c for c in configs))
         self.assertTrue(all("combine=presum" in c and "n_c=0" in c and "unit_rows=128" in c for c in configs))
         whys = [l for l in r.stdout.splitlines() if l.startswith("moe_why=")]
-        self.assertIn("skewed routing (imbalance 1.78)", whys[1])
+        self.assertIn("layer 0 dispatch striped: rows of 4096 >= 4096 bytes", whys[1])
 
     def test_environment_overrides_and_errors(self):
         r = self.run_bench("--model", "mixtral", "--tokens", "4096", "--routing", "uniform",

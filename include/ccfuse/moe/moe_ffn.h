@@ -105,12 +105,13 @@ struct MoeFfnConfig {
   // (one unit per CTA in flight: a round of units finishes together); 1 = striped, the send rows
   // dealt to all CTAs' send warps in send order (stripe_rows a warp a round, one fence a round), each
   // unit's flag raised by the warp that counts its last row, so rows arrive in order; -1 =
-  // moe::auto_striped (rows of >= 8 KB; measured 2026-11-30, docs/perf-notes.md). The MoE tuner
+  // moe::auto_striped (rows of >= 4 KB; measured 2026-11-30, docs/perf-notes.md). The MoE tuner
   // pairs striped with interleaved sends (interleave_sends) and expert-order tiles.
   int striped_dispatch = -1;
   // Striped dispatch: rows a send warp copies per round, 1..32 (one system fence a round; more
-  // rows per fence for small rows, coarser arrival order). 4 measured 2026-11-30.
-  int stripe_rows = 4;
+  // rows per fence for small rows, coarser arrival order). 16 (MoeTunerConstants::kStripeRows):
+  // measured 2026-11-30 against 4 and 8, faster for 4 KB rows, even for 8-14 KB.
+  int stripe_rows = 16;
   // Layer 1 with the pre-summed combine: 0 = the pre-sum as a kernel after the GEMM (default);
   // n > 0 = n CTAs that pre-sum each slice of columns beside the GEMM as soon as the GEMM has
   // stored it (the GEMM takes its tiles slice by slice on the other SMs); -1 = the MoE tuner's

@@ -38,6 +38,7 @@ struct MoeChoice {
   // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch; auto_striped): then interleaved
   // sends and expert-order tiles (the rows leave in the order every receiver's tiles take them).
   bool striped_dispatch = false;
+  int stripe_rows = 16;  // its rows per send warp and round (MoeTunerConstants::kStripeRows)
   // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
   // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
   // token to every peer once: k / W. Above 1 the all-gather mode (not built on GPUs) would move
@@ -57,7 +58,7 @@ const char* auto_combine(int topk, int world_size);
 // kLocalFirstMaxTokens tokens on this rank.
 bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bool striped = false);
 // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch = -1): with peers, rows (hidden * 2
-// bytes in bf16) of at least kStripedMinRowBytes.
+// bytes in bf16) of at least kStripedMinRowBytes (4 KB: Qwen3, Mixtral, DeepSeek-like all).
 bool auto_striped(int64_t row_bytes, int world_size);
 
 // Throws InvalidArgument naming the argument and the rule: world_size < 1, num_experts not
@@ -85,9 +86,14 @@ struct MoeTunerConstants {
   static constexpr int64_t kLocalFirstMaxTokens = 4096;
   // Layer 0's striped dispatch (rows dealt to all send warps in send order) from this row size:
   // 2026-11-30, with interleaved sends and expert-order tiles, DeepSeek-like (14 KB rows) fused/limit
-  // 1.09-1.28 -> 1.06-1.14 and Mixtral (8 KB) 1-2 % faster; Qwen3 (4 KB rows: a fence per 4 rows
-  // weighs more) -1 % geomean, up to +8 % at 16384 tokens.
-  static constexpr int64_t kStripedMinRowBytes = 8192;
+  // 1.09-1.28 -> 1.06-1.14 and Mixtral (8 KB) 1-2 % faster. Qwen3 (4 KB rows) lost with 4 rows a
+  // fence (-1 % geomean, up to +8 % at 16384 tokens) and won with kStripeRows = 16 (layer 0 -2 to
+  // -10 %, 16384 tokens within 1 %; ...-moe-ffn-stripe-rows-ab-8225c47). Smaller rows: not measured.
+  static constexpr int64_t kStripedMinRowBytes = 4096;
+  // Rows a send warp copies per round of the striped dispatch (MoeFfnConfig::stripe_rows): 16
+  // measured 2026-11-30 against 4 and 8 on all 18 cases (Qwen3 fused 0.938 -> 0.887 ms at 4096
+  // uniform, Mixtral and DeepSeek-like within 1 %).
+  static constexpr int kStripeRows = 16;
   static constexpr double kInterleaveMaxImbalance = 1.25;
   static constexpr int kPresumMaxTopk = 32;
   // Layer 1's pre-sum beside the GEMM (opt-in, MoeFfnConfig::presum_ctas = -1; measured slower

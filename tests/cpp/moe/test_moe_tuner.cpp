@@ -33,9 +33,10 @@ TEST(MoeTuner, CombineRule) {
 TEST(MoeTuner, SendOrderFollowsTheMeasuredCases) {
   // 2026-11-30 A/B (bench/results/2026-11-30-h200x2-moe-ffn-ab-*), dispatch by units: interleaved
   // won on the balanced cases from 8192 tokens per rank and lost on the skewed ones and
-  // DeepSeek-like at 4096. Since the striped dispatch (rows >= 8 KB: DeepSeek-like, Mixtral),
-  // interleaved always there (...-moe-ffn-striped-ab-c4394f3: DeepSeek-like 4096 uniform fused
-  // 8.10 -> 7.28 ms, striped with owner-major sends 7.79).
+  // DeepSeek-like at 4096. Since the striped dispatch (rows >= 4 KB: all three models), interleaved
+  // always there (...-moe-ffn-striped-ab-c4394f3: DeepSeek-like 4096 uniform fused 8.10 -> 7.28 ms,
+  // striped with owner-major sends 7.79; ...-moe-ffn-stripe-rows-ab-8225c47: Qwen3 8192 zipf
+  // 2.488 ms by units with owner-major sends -> 2.372 striped, 16 rows a round, interleaved).
   struct Case {
     int e, k;
     int64_t t, h, f;
@@ -47,7 +48,7 @@ TEST(MoeTuner, SendOrderFollowsTheMeasuredCases) {
       {128, 8, 8192, 2048, 768, 1.00, "interleaved"},    // Qwen3 uniform: 2.001 -> 1.826
       {256, 8, 16384, 7168, 2048, 1.00, "interleaved"},  // DeepSeek-like uniform: 30.52 -> 28.27
       {256, 8, 4096, 7168, 2048, 1.00, "interleaved"},   // DeepSeek-like, striped (by units: 8.34 -> 8.73, lost)
-      {128, 8, 8192, 2048, 768, 1.78, "owner-major"},    // Qwen3 zipf: 2.699 -> 2.796 (lost)
+      {128, 8, 8192, 2048, 768, 1.78, "interleaved"},    // Qwen3 zipf, striped: 2.488 -> 2.372
       {8, 2, 4096, 4096, 14336, 1.56, "interleaved"},    // Mixtral zipf, striped: 7.33 -> 7.25 ms
   };
   for (const Case& c : cases) {
@@ -81,16 +82,17 @@ TEST(MoeTuner, EdgesOfTheLocalFirstRule) {
   EXPECT_FALSE(auto_local_first(C::kLocalFirstMaxTokens + 1, 2, false));
   EXPECT_FALSE(auto_local_first(1024, 2, true));  // interleaved sends copy the own rows late
   EXPECT_FALSE(auto_local_first(1024, 1, false));  // one rank: every row is local, nothing waits
-  const MoeChoice small = choose_moe_config(problem(2, 128, 8, 4096, 2048, 768, 1.0));
+  // 2 KB rows (H = 1024): the unit dispatch, where this rule applies.
+  const MoeChoice small = choose_moe_config(problem(2, 128, 8, 4096, 1024, 768, 1.0));
   EXPECT_TRUE(small.local_first);
   EXPECT_NE(small.why.find("layer 0 tiles local-first"), std::string::npos) << small.why;
-  const MoeChoice zipf_large = choose_moe_config(problem(2, 128, 8, 16384, 2048, 768, 1.8));
+  const MoeChoice zipf_large = choose_moe_config(problem(2, 128, 8, 16384, 1024, 768, 1.8));
   EXPECT_FALSE(zipf_large.local_first);
   EXPECT_NE(zipf_large.why.find("16384 > 4096 tokens per rank"), std::string::npos) << zipf_large.why;
 }
 
-// Layer 0's striped dispatch from 8 KB rows (H >= 4096 in bf16), with interleaved sends and
-// expert-order tiles; by units below, with the older rules.
+// Layer 0's striped dispatch from 4 KB rows (H >= 2048 in bf16), kStripeRows rows a warp a round,
+// with interleaved sends and expert-order tiles; by units below, with the older rules.
 TEST(MoeTuner, EdgesOfTheStripedRule) {
   using C = MoeTunerConstants;
   EXPECT_TRUE(auto_striped(C::kStripedMinRowBytes, 2));
@@ -100,17 +102,24 @@ TEST(MoeTuner, EdgesOfTheStripedRule) {
   EXPECT_TRUE(deepseek.striped_dispatch);
   EXPECT_EQ(deepseek.send_order, "interleaved");  // below kInterleaveMinTokens: for the striping
   EXPECT_FALSE(deepseek.local_first);
-  EXPECT_NE(deepseek.why.find("layer 0 dispatch striped: rows of 14336 >= 8192 bytes"), std::string::npos)
+  EXPECT_NE(deepseek.why.find("layer 0 dispatch striped: rows of 14336 >= 4096 bytes"), std::string::npos)
       << deepseek.why;
+  EXPECT_EQ(deepseek.stripe_rows, C::kStripeRows);
+  EXPECT_NE(to_string(deepseek).find("l0_dispatch=striped(16 rows)"), std::string::npos) << to_string(deepseek);
   const MoeChoice qwen = choose_moe_config(problem(2, 128, 8, 4096, 2048, 768, 1.0));
-  EXPECT_FALSE(qwen.striped_dispatch);
-  EXPECT_EQ(qwen.send_order, "owner-major");
-  EXPECT_TRUE(qwen.local_first);
+  EXPECT_TRUE(qwen.striped_dispatch);  // 4 KB rows: striped since 16 rows a round (2026-11-30)
+  EXPECT_EQ(qwen.send_order, "interleaved");
+  EXPECT_FALSE(qwen.local_first);
+  const MoeChoice small_rows = choose_moe_config(problem(2, 64, 4, 4096, 1024, 512, 1.0));  // 2 KB rows
+  EXPECT_FALSE(small_rows.striped_dispatch);
+  EXPECT_EQ(small_rows.send_order, "owner-major");
+  EXPECT_TRUE(small_rows.local_first);
+  EXPECT_NE(to_string(small_rows).find("l0_dispatch=units"), std::string::npos) << to_string(small_rows);
   EXPECT_FALSE(auto_local_first(1024, 2, false, true));  // striped: expert order
 }
 
 TEST(MoeTuner, WhyAndToString) {
-  const MoeChoice a = choose_moe_config(problem(2, 128, 8, 16384, 2048, 768, 1.0));
+  const MoeChoice a = choose_moe_config(problem(2, 128, 8, 16384, 1024, 768, 1.0));  // 2 KB rows: by units
   EXPECT_EQ(to_string(a),
             "dispatch=all-to-all combine=presum send_order=interleaved n_c=0 send_warps_per_cta=3 unit_rows=128 "
             "presum_ctas=0 l0_order=expert l0_dispatch=units");
@@ -127,7 +136,7 @@ TEST(MoeTuner, WhyAndToString) {
   EXPECT_NE(a.why.find("all-gather mode measured slower on all 18 cases"),
             std::string::npos)
       << a.why;
-  const MoeChoice b = choose_moe_config(problem(2, 8, 1, 4096, 2048, 14336, 1.78));  // 4 KB rows: by units
+  const MoeChoice b = choose_moe_config(problem(2, 8, 1, 4096, 1024, 14336, 1.78));  // 2 KB rows: by units
   EXPECT_DOUBLE_EQ(b.alltoall_over_allgather_bytes, 0.5);
   EXPECT_EQ(b.why.find("fewer dispatch bytes"), std::string::npos) << b.why;
   EXPECT_EQ(b.combine, "per-slot");
