@@ -317,6 +317,8 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair
   // (stream-K's units are single tiles).
   c.cluster_m = !c.stream_k && !split2 && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  // The raster (tile_order.h): groups of 16 row tiles on large plain problems of whole tiles.
+  if (!grouped && !split2 && !c.stream_k) c.group_m = plain_group_m(ceil_div(d.m, c.block_m), d.n, d.k);
   return c;
 }
 }  // namespace

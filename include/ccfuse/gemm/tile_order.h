@@ -42,6 +42,17 @@ CCFUSE_HD TileCoord grouped_row_major(int64_t idx, int m_tiles, int n_tiles, int
   return TileCoord{first_m + int(local % rows), int(local / rows)};
 }
 
+// group_m for a plain GEMM of whole tiles (choose_config): 16 row tiles a group where there are
+// at least 32 row tiles, N >= 3072 and K >= 2048, 8 otherwise. Measured 2026-11-30 on the 96 TP
+// shapes against 8 in the same call (bench/results/2026-11-30-h200x2-gemm-ab3-*): +0.6 to +2 %
+// on those shapes (a group's B columns stay in L2 for twice the rows); -2 to -3 % with K <= 1024
+// (the shorter tiles turn over faster than L2 refills A), -0.2 to -1.9 % with 8 row tiles (one
+// group: column-major over the whole matrix) and on N <= 2560.
+constexpr int kGroupMWide = 16, kGroupMDefault = 8;
+CCFUSE_HD int plain_group_m(int64_t m_tiles, int64_t n, int64_t k) {
+  return m_tiles >= 32 && n >= 3072 && k >= 2048 ? kGroupMWide : kGroupMDefault;
+}
+
 // Sliced: the N tiles cut into slices of `slice` tiles (the last one may be narrower), every tile
 // of a slice (grouped row-major inside it) before any of the next. The columns of a slice are
 // final early, so they can be reduced or sent while the next slice computes (the MoE FFN's

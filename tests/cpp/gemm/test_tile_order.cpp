@@ -219,5 +219,28 @@ TEST(TileOrder, FirstThenRestVisitsFirstTilesOfEveryGroupBeforeTheRest) {
   }
 }
 
+// choose_config's raster (plain_group_m): groups of 16 row tiles on large problems of long K
+// only (measured 2026-11-30 against 8: faster there, slower on K <= 1024, on 8 row tiles and on
+// N <= 2560).
+TEST(TileOrder, PlainGroupMRule) {
+  EXPECT_EQ(plain_group_m(32, 3072, 2048), kGroupMWide);
+  EXPECT_EQ(plain_group_m(128, 28672, 8192), kGroupMWide);
+  EXPECT_EQ(plain_group_m(31, 14336, 8192), kGroupMDefault);  // M = 3968 with 128-row tiles
+  EXPECT_EQ(plain_group_m(8, 14336, 8192), kGroupMDefault);   // M = 1024: one group of all rows
+  EXPECT_EQ(plain_group_m(128, 2560, 8192), kGroupMDefault);
+  EXPECT_EQ(plain_group_m(128, 4096, 1792), kGroupMDefault);
+  EXPECT_EQ(plain_group_m(128, 4096, 1024), kGroupMDefault);
+  // The order itself stays a permutation with either group size on a real shape.
+  for (int g : {kGroupMDefault, kGroupMWide}) {
+    const int mt = 128, nt = 56;  // 16384 x 14336 in 128 x 256 tiles
+    std::vector<int> seen(size_t(mt) * nt, 0);
+    for (int64_t i = 0; i < int64_t(mt) * nt; ++i) {
+      const TileCoord t = grouped_row_major(i, mt, nt, g);
+      ++seen[size_t(t.m_tile) * nt + t.n_tile];
+    }
+    for (int c : seen) ASSERT_EQ(c, 1) << "group_m " << g;
+  }
+}
+
 }  // namespace
 }  // namespace ccfuse::gemm
