@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -428,6 +428,14 @@ if [[ " $what " == *" gemm_n96 "* ]]; then
   gemm_ab gemm_n96 CCFUSE_GEMM_TILE_N 96 "1024 1536 4096" "1024 1280 8192" "1024 768 4096" "4096 1280 8192" \
     "1024 5120 8192" "1024 3584 4096" "4096 4096 4096" "8192 1536 8192"
   summary+=("gemm 128x96 tile A/B: gemm_n96_summary.log")
+fi
+if [[ " $what " == *" gemm_smallk "* ]]; then
+  # The 128x128 TMA-store tile (CCFUSE_GEMM_TILE_N=128) against the engine's choice (128x256 or
+  # 128x192) on the K <= 1792 sweep shapes, where cuBLASLt takes 128x128 (docs/gemm.md, item 8).
+  gemm_ab gemm_smallk CCFUSE_GEMM_TILE_N 128 "1024 4096 512" "4096 4096 512" "8192 4096 512" "16384 4096 512" \
+    "1024 4096 1024" "4096 4096 1024" "16384 4096 1024" "4096 8192 1024" "16384 8192 1024" "1024 4096 1792" \
+    "16384 4096 1792"
+  summary+=("gemm 128x128 tile on small K A/B: gemm_smallk_summary.log")
 fi
 if [[ " $what " == *" gemm_raster "* ]]; then
   # The tile raster (L2 reuse) on the large sweep shapes at 92-95 % of cuBLASLt: the engine's
