@@ -276,7 +276,8 @@ if [[ " $what " == *" moe_diag "* ]]; then
   # l0pre (layer 0's preparation kernels alone), nowait (no per-tile waits), nosend (no dispatch),
   # l0plain / l0sw / l0ready (layer 0's GEMM, no dispatch or waits, with a plain grouped schedule
   # and epilogue / with its idle send warps / with its ready schedule),
-  # l1gemm (layer 1 without the pre-sum and combine kernels). One line per (variant, model).
+  # l1gemm (layer 1 without the pre-sum and combine kernels), l1presum (without the combine kernel).
+  # One line per (variant, model).
   : > "$OUT/moe_diag.jsonl"; : > "$OUT/moe_diag.log"
   for diag in ${CCFUSE_MOE_DIAGS:-none l0pre nowait nosend l1gemm}; do
     # CCFUSE_MOE_DIAG_TOKENS (default 4096) and CCFUSE_MOE_DIAG_MODELS (default: all three).
@@ -323,7 +324,9 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == stripedinter ]] && order=interleave
     # striped8inter / striped16inter: the same with 8 or 16 rows a warp a round (MoeFfnConfig::stripe_rows).
     stripe_rows=""; [[ $variant =~ ^striped([0-9]+)inter$ ]] && { stripe_rows=${BASH_REMATCH[1]}; order=interleave; l0order=expert; }
-    CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    # chunkprep: the tuner's choices with layer 0's send list in two kernels (CCFUSE_MOE_PREP=chunks).
+    prep=""; [[ $variant == chunkprep ]] && prep=chunks
+    CCFUSE_MOE_PREP=$prep CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1

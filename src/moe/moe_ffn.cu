@@ -2,6 +2,7 @@
 #include "ccfuse/moe/moe_ffn.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -193,6 +194,90 @@ __global__ void send_list_kernel(Geometry g, const int32_t* topk_ids, const int6
     const int x = topk_ids[i];
     if (x < 0 || positions[i] < 0) continue;
     send_list[plan.rows_base[g.rot_index(g.rank, x)] + (positions[i] - plan.block_begin[x])] = int32_t(i);
+  }
+}
+
+// ---- the send list in two kernels (CCFUSE_MOE_PREP=chunks; experiment, 2026-11-30) -----------
+// The same send list as count_kernel + dispatch_positions_gpu + send_list_kernel (entries of an
+// expert in entry order), from 3 launches instead of ~10 (a radix sort's passes among them): at
+// T = 4096 the preparation kernels cost 0.07-0.15 ms of layer 0 (docs/perf-notes.md).
+// chunk_rank_kernel: CTA c ranks entries [c * kPrepChunk, ...) among the chunk's entries of the
+// same expert, in entry order: 256 entries a step, within a warp by __match_any_sync, across the
+// step's warps through a [warps][E] count table, across steps by a running count per expert.
+// Writes the rank of every valid entry, the chunk's count per expert, and adds them to counts_row
+// (zeroed before). Entries with ids outside [0, E) are dropped, as in count_kernel.
+constexpr int kPrepChunk = 2048, kPrepThreads = 256;
+__global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* entry_rank,
+                                  int32_t* chunk_counts, int32_t* counts_row) {
+  extern __shared__ int32_t prep_smem[];
+  constexpr int kWarps = kPrepThreads / 32;
+  int32_t* running = prep_smem;               // [E]
+  int32_t* warp_cnt = prep_smem + experts;    // [kWarps][E], zero between steps
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < experts * (1 + kWarps); i += blockDim.x) prep_smem[i] = 0;
+  __syncthreads();
+  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
+  for (int step = 0; step < kPrepChunk / kPrepThreads; ++step) {
+    const int64_t i = first + step * kPrepThreads + threadIdx.x;
+    int x = i < entries ? topk_ids[i] : -1;
+    if (x >= experts) x = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, x);
+    const bool leader = (peers & ((1u << lane) - 1)) == 0;
+    if (x >= 0 && leader) warp_cnt[warp * experts + x] = __popc(peers);
+    __syncthreads();
+    if (x >= 0) {
+      int r = running[x] + __popc(peers & ((1u << lane) - 1));
+      for (int w = 0; w < warp; ++w) r += warp_cnt[w * experts + x];
+      entry_rank[i] = r;
+    }
+    __syncthreads();
+    if (x >= 0 && leader) {
+      atomicAdd(&running[x], __popc(peers));
+      warp_cnt[warp * experts + x] = 0;
+    }
+    __syncwarp();  // the resets before the next step's counts from other lanes
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < experts; x += blockDim.x) {
+    const int32_t n = running[x];
+    chunk_counts[int64_t(blockIdx.x) * experts + x] = n;
+    if (n != 0) atomicAdd(&counts_row[x], n);
+  }
+}
+
+// chunk_send_list_kernel: send_list[rows_base[rot(x)] + (entries of x in earlier chunks) +
+// entry_rank[i]] = i for the chunk's valid entries; rows_base (the send order's first row of each
+// rotated expert, as exchange_kernel derives it) from counts_row, in shared memory.
+__global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int64_t entries, const int32_t* entry_rank,
+                                       const int32_t* chunk_counts, const int32_t* counts_row, int32_t* send_list) {
+  extern __shared__ int32_t prep_smem[];
+  int32_t* base = prep_smem;                   // [E] entries of expert x in the chunks before this one
+  int32_t* rows_base = prep_smem + g.experts;  // [E] by rotated index
+  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
+    int32_t n = 0;
+    for (int c = 0; c < int(blockIdx.x); ++c) n += chunk_counts[int64_t(c) * g.experts + x];
+    base[x] = n;
+  }
+  if (threadIdx.x < 32) {  // exclusive scan of counts_row in rotated order, 32 at a time
+    int32_t carry = 0;
+    for (int i0 = 0; i0 < g.experts; i0 += 32) {
+      const int i = i0 + int(threadIdx.x);
+      const int32_t v = i < g.experts ? counts_row[g.rot_expert(g.rank, i)] : 0;
+      int32_t incl = v;
+      for (int d = 1; d < 32; d *= 2) {
+        const int32_t up = __shfl_up_sync(0xffffffffu, incl, d);
+        if (int(threadIdx.x) >= d) incl += up;
+      }
+      if (i < g.experts) rows_base[i] = carry + incl - v;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+  }
+  __syncthreads();
+  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
+  for (int64_t i = first + threadIdx.x; i < entries && i < first + kPrepChunk; i += blockDim.x) {
+    const int x = topk_ids[i];
+    if (x < 0 || x >= g.experts) continue;
+    send_list[rows_base[g.rot_index(g.rank, x)] + base[x] + entry_rank[i]] = int32_t(i);
   }
 }
 
@@ -788,8 +873,10 @@ struct L1SliceEpilogue : gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::
   }
 };
 
+// n elements of T at offset p of a buffer (256-byte aligned pieces); p advances past them. A pass
+// from p = 0 sizes the buffer, a second one from its address carves it.
 template <class T>
-T* carve(char*& p, size_t n) {
+T* carve(uintptr_t& p, size_t n) {
   T* r = reinterpret_cast<T*>(p);
   p += (n * sizeof(T) + 255) / 256 * 256;
   return r;
@@ -815,6 +902,10 @@ struct MoeFfn::State {
   int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
   int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
+  // CCFUSE_MOE_PREP=chunks at construction (experiment): layer 0's counts and send list by
+  // chunk_rank_kernel and chunk_send_list_kernel instead of count_kernel, dispatch_positions_gpu
+  // and send_list_kernel.
+  bool chunk_prep = false;
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, positions, send_list, dispatch workspace
@@ -825,6 +916,8 @@ struct MoeFfn::State {
   int32_t** counts_peers = nullptr;  // device array of W pointers
   int64_t* positions = nullptr;
   int32_t* send_list = nullptr;
+  int32_t* entry_rank = nullptr;    // CCFUSE_MOE_PREP=chunks: [max_tokens * k]
+  int32_t* chunk_counts = nullptr;  // CCFUSE_MOE_PREP=chunks: [chunks][E]
   int32_t* bad_entry = nullptr;  // check_routing
   void* dispatch_ws = nullptr;
   int64_t num_tokens = 0;  // of the last run_layer0
@@ -895,6 +988,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
   s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
+  const char* prep = std::getenv("CCFUSE_MOE_PREP");
+  s.chunk_prep = prep != nullptr && std::strcmp(prep, "chunks") == 0;
   s.geo.max_tokens = d.max_tokens;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
@@ -952,29 +1047,33 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.y, size_t(s.max_rows * d.hidden) * 2));
   const int ex = d.num_experts, el = s.geo.epr;
   const size_t ws = dispatch_workspace_bytes(d.max_tokens, d.topk, ex);
-  const size_t bytes = 256 * 16 + size_t(el) * 4 + size_t(el + 1) * (8 + 4 + 4 + 4) + size_t(w) * (ex + 1) * 4 +
-                       size_t(ex + 1) * 8 + size_t(ex) * 8 + size_t(w) * (8 + 8) + size_t(ex) * 4 + size_t(w) * 8 +
-                       size_t(entries) * (8 + 4) + size_t(w * el + 1) * 4 + size_t(s.geo.max_chunks) * 4 + 256 + ws;
+  auto carve_all = [&](uintptr_t p) {
+    const uintptr_t begin = p;
+    s.plan.group_rows = carve<int32_t>(p, el);
+    s.plan.row_prefix = carve<int64_t>(p, el + 1);
+    s.plan.tile_prefix0 = carve<int>(p, el + 1);
+    s.plan.tile_prefix1 = carve<int>(p, el + 1);
+    s.plan.local_prefix0 = carve<int>(p, el + 1);
+    s.plan.chunk_base = carve<int>(p, size_t(w) * (ex + 1));
+    s.plan.rows_base = carve<int64_t>(p, ex + 1);
+    s.plan.block_begin = carve<int64_t>(p, ex);
+    s.plan.target = carve<int64_t>(p, w);
+    s.plan.done_count = carve<int64_t>(p, w);
+    s.plan.unit_done = carve<int>(p, size_t(s.geo.max_chunks));
+    s.plan.perm_base = carve<int>(p, size_t(w) * el + 1);
+    s.counts_row = carve<int32_t>(p, ex);
+    s.counts_peers = carve<int32_t*>(p, w);
+    s.positions = carve<int64_t>(p, entries);
+    s.send_list = carve<int32_t>(p, entries);
+    s.entry_rank = carve<int32_t>(p, entries);
+    s.chunk_counts = carve<int32_t>(p, size_t(ceil_div(entries, kPrepChunk)) * ex);
+    s.bad_entry = carve<int32_t>(p, 1);
+    s.dispatch_ws = carve<char>(p, ws);
+    return size_t(p - begin);
+  };
+  const size_t bytes = carve_all(0);
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.scratch, bytes));
-  char* p = static_cast<char*>(s.scratch);
-  s.plan.group_rows = carve<int32_t>(p, el);
-  s.plan.row_prefix = carve<int64_t>(p, el + 1);
-  s.plan.tile_prefix0 = carve<int>(p, el + 1);
-  s.plan.tile_prefix1 = carve<int>(p, el + 1);
-  s.plan.local_prefix0 = carve<int>(p, el + 1);
-  s.plan.chunk_base = carve<int>(p, size_t(w) * (ex + 1));
-  s.plan.rows_base = carve<int64_t>(p, ex + 1);
-  s.plan.block_begin = carve<int64_t>(p, ex);
-  s.plan.target = carve<int64_t>(p, w);
-  s.plan.done_count = carve<int64_t>(p, w);
-  s.plan.unit_done = carve<int>(p, size_t(s.geo.max_chunks));
-  s.plan.perm_base = carve<int>(p, size_t(w) * el + 1);
-  s.counts_row = carve<int32_t>(p, ex);
-  s.counts_peers = carve<int32_t*>(p, w);
-  s.positions = carve<int64_t>(p, entries);
-  s.send_list = carve<int32_t>(p, entries);
-  s.bad_entry = carve<int32_t>(p, 1);
-  s.dispatch_ws = carve<char>(p, ws);
+  carve_all(reinterpret_cast<uintptr_t>(s.scratch));
   std::vector<int32_t*> peers(static_cast<size_t>(w));
   for (int r = 0; r < w; ++r) peers[size_t(r)] = static_cast<int32_t*>(s.counts->peer(r));
   CCFUSE_CUDA_CHECK(cudaMemcpy(s.counts_peers, peers.data(), size_t(w) * sizeof(int32_t*), cudaMemcpyHostToDevice));
@@ -1077,10 +1176,25 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   s.sig->begin_call(stream);
   CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
   if (s.striped) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
-  count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, num_tokens * d.topk, d.num_experts,
-                                                                s.counts_row);
-  CCFUSE_CUDA_CHECK_LAUNCH();
   const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
+  const bool chunk_prep = s.chunk_prep && !allgather;
+  const int64_t entries_now = num_tokens * d.topk;
+  const unsigned prep_chunks = unsigned(ceil_div(entries_now, kPrepChunk));
+  if (chunk_prep) {
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
+    if (prep_chunks > 0) {
+      chunk_rank_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4, stream>>>(
+          topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts, s.counts_row);
+      CCFUSE_CUDA_CHECK_LAUNCH();
+      // Needs only this rank's counts: before the exchange, which waits for the peers.
+      chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 2 * 4, stream>>>(
+          s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, s.send_list);
+      CCFUSE_CUDA_CHECK_LAUNCH();
+    }
+  } else {
+    count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, entries_now, d.num_experts, s.counts_row);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  }
   const int dev_sms = gemm::current_device_sms();
   const int64_t entries_max = d.max_tokens * d.topk;
   if (allgather) {  // the routing first: the exchange kernel's flags publish it with the counts
@@ -1104,7 +1218,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
                                                     static_cast<int2*>(s.row_src->local()),
                                                     static_cast<float*>(s.row_w->local()));
     CCFUSE_CUDA_CHECK_LAUNCH();
-  } else if (num_tokens > 0) {
+  } else if (!chunk_prep && num_tokens > 0) {
     dispatch_positions_gpu(counts_local, s.geo.world, d.num_experts, s.geo.rank, topk_ids, num_tokens, d.topk,
                            s.positions, s.dispatch_ws, stream);
     const int64_t entries = num_tokens * d.topk;
@@ -1247,6 +1361,9 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     run_layer1_presum_after(w2, stream, diag_gemm_only);
     if (diag_gemm_only) return;
   }
+  // "l1presum": stop before the combine (against "l1gemm": the pre-sum's time; against the whole
+  // layer: the combine's). The output is not written then.
+  if (diag != nullptr && std::strstr(diag, "l1presum") != nullptr) return;
   const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(ceil_div(num_tokens * (d.hidden / 8), 256), 4 * dev_sms)));
   presum_combine_kernel<<<blocks, 256, 0, stream>>>(s.geo, s.sig->device(), static_cast<const E*>(s.partial->local()),
                                                     d.max_tokens, topk_ids, num_tokens, static_cast<E*>(out));
