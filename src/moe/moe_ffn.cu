@@ -204,11 +204,11 @@ __global__ void send_list_kernel(Geometry g, const int32_t* topk_ids, const int6
 // chunk_rank_kernel: CTA c ranks entries [c * kPrepChunk, ...) among the chunk's entries of the
 // same expert, in entry order: 256 entries a step, within a warp by __match_any_sync, across the
 // step's warps through a [warps][E] count table, across steps by a running count per expert.
-// Writes the rank of every valid entry, the chunk's count per expert, and adds them to counts_row
-// (zeroed before). Entries with ids outside [0, E) are dropped, as in count_kernel.
+// Writes the rank of every valid entry and the chunk's count per expert. Entries with ids outside
+// [0, E) are dropped, as in count_kernel.
 constexpr int kPrepChunk = 2048, kPrepThreads = 256;
 __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* entry_rank,
-                                  int32_t* chunk_counts, int32_t* counts_row) {
+                                  int32_t* chunk_counts) {
   extern __shared__ int32_t prep_smem[];
   constexpr int kWarps = kPrepThreads / 32;
   int32_t* running = prep_smem;               // [E]
@@ -238,31 +238,43 @@ __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int 
     __syncwarp();  // the resets before the next step's counts from other lanes
   }
   __syncthreads();
-  for (int x = threadIdx.x; x < experts; x += blockDim.x) {
-    const int32_t n = running[x];
-    chunk_counts[int64_t(blockIdx.x) * experts + x] = n;
-    if (n != 0) atomicAdd(&counts_row[x], n);
-  }
+  for (int x = threadIdx.x; x < experts; x += blockDim.x) chunk_counts[int64_t(blockIdx.x) * experts + x] = running[x];
 }
 
 // chunk_send_list_kernel: send_list[rows_base[rot(x)] + (entries of x in earlier chunks) +
 // entry_rank[i]] = i for the chunk's valid entries; rows_base (the send order's first row of each
-// rotated expert, as exchange_kernel derives it) from counts_row, in shared memory.
+// rotated expert, as exchange_kernel derives it) from the counts of all chunks, in shared memory.
+// CTA 0 also writes counts_row (for the exchange kernel) and zeroes the per-call counters
+// done_count [W] and unit_done [units] (null: not used), which saves their memsets.
 __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int64_t entries, const int32_t* entry_rank,
-                                       const int32_t* chunk_counts, const int32_t* counts_row, int32_t* send_list) {
+                                       const int32_t* chunk_counts, int32_t* counts_row, int32_t* send_list,
+                                       int64_t* done_count, int* unit_done, int64_t units) {
   extern __shared__ int32_t prep_smem[];
   int32_t* base = prep_smem;                   // [E] entries of expert x in the chunks before this one
-  int32_t* rows_base = prep_smem + g.experts;  // [E] by rotated index
+  int32_t* total = prep_smem + g.experts;      // [E] entries of expert x (this rank's counts row)
+  int32_t* rows_base = total + g.experts;      // [E] by rotated index
+  const int chunks = int(gridDim.x);
   for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
-    int32_t n = 0;
-    for (int c = 0; c < int(blockIdx.x); ++c) n += chunk_counts[int64_t(c) * g.experts + x];
-    base[x] = n;
+    int32_t before = 0, all = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int32_t n = chunk_counts[int64_t(c) * g.experts + x];
+      before += c < int(blockIdx.x) ? n : 0;
+      all += n;
+    }
+    base[x] = before;
+    total[x] = all;
+    if (blockIdx.x == 0) counts_row[x] = all;
   }
-  if (threadIdx.x < 32) {  // exclusive scan of counts_row in rotated order, 32 at a time
+  if (blockIdx.x == 0) {
+    for (int i = threadIdx.x; i < g.world && done_count != nullptr; i += blockDim.x) done_count[i] = 0;
+    for (int64_t i = threadIdx.x; i < units && unit_done != nullptr; i += blockDim.x) unit_done[i] = 0;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // exclusive scan of the totals in rotated order, 32 at a time
     int32_t carry = 0;
     for (int i0 = 0; i0 < g.experts; i0 += 32) {
       const int i = i0 + int(threadIdx.x);
-      const int32_t v = i < g.experts ? counts_row[g.rot_expert(g.rank, i)] : 0;
+      const int32_t v = i < g.experts ? total[g.rot_expert(g.rank, i)] : 0;
       int32_t incl = v;
       for (int d = 1; d < 32; d *= 2) {
         const int32_t up = __shfl_up_sync(0xffffffffu, incl, d);
@@ -1174,22 +1186,27 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   }
   s.num_tokens = num_tokens;
   s.sig->begin_call(stream);
-  CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
-  if (s.striped) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
   const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
   const bool chunk_prep = s.chunk_prep && !allgather;
   const int64_t entries_now = num_tokens * d.topk;
   const unsigned prep_chunks = unsigned(ceil_div(entries_now, kPrepChunk));
+  // The per-call counters: zeroed by chunk_send_list_kernel where it runs, else here.
+  if (!chunk_prep || prep_chunks == 0) {
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
+    if (s.striped) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
+  }
   if (chunk_prep) {
-    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
     if (prep_chunks > 0) {
       chunk_rank_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4, stream>>>(
-          topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts, s.counts_row);
+          topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
       CCFUSE_CUDA_CHECK_LAUNCH();
       // Needs only this rank's counts: before the exchange, which waits for the peers.
-      chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 2 * 4, stream>>>(
-          s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, s.send_list);
+      chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 3 * 4, stream>>>(
+          s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, s.send_list, s.plan.done_count,
+          s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
       CCFUSE_CUDA_CHECK_LAUNCH();
+    } else {
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
     }
   } else {
     count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, entries_now, d.num_experts, s.counts_row);
