@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -439,6 +439,22 @@ if [[ " $what " == *" gemm_smallk "* ]]; then
     "1024 4096 1024" "4096 4096 1024" "16384 4096 1024" "4096 8192 1024" "16384 8192 1024" "1024 4096 1792" \
     "16384 4096 1792"
   summary+=("gemm 128x128 tile on small K A/B: gemm_smallk_summary.log")
+fi
+if [[ " $what " == *" gemm_ncu "* ]]; then
+  # The narrow-tile L2 hypothesis (docs/gemm.md item 8): L2 and tensor-pipe counters of the
+  # 128x256, 128x128 and 128x96 TMA-store tiles on 4096^3 (one profiled launch each; ncu reads
+  # counters on Firecracker machines only, KINDS.md; clocks left alone).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  : > "$OUT/gemm_ncu.log"
+  for v in CCFUSE_GEMM_TMA_STORE=1 CCFUSE_GEMM_TILE_N=128 CCFUSE_GEMM_TILE_N=96; do
+    echo "==== $v" >> "$OUT/gemm_ncu.log"
+    env $v timeout 120 ${NCU:-ncu} --clock-control none --kernel-name regex:gemm_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      $BIN/ccfuse bench --op gemm --m 4096 --n 4096 --k 4096 --dtype bf16 --iters 3 --warmup 1 < /dev/null \
+      >> "$OUT/gemm_ncu.log" 2>&1 || status=1
+  done
+  grep -E "^====|Duration|Throughput|L2|Hit Rate|Bandwidth|Pipe|Executed Ipc|TFLOP" "$OUT/gemm_ncu.log" | tee "$OUT/gemm_ncu_summary.log"
+  summary+=("gemm ncu (128x256, 128x128, 128x96 on 4096^3): gemm_ncu_summary.log")
 fi
 if [[ " $what " == *" gemm_raster "* ]]; then
   # The tile raster (L2 reuse) on the large sweep shapes at 92-95 % of cuBLASLt: the engine's
