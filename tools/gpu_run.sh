@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -439,6 +439,15 @@ if [[ " $what " == *" gemm_smallk "* ]]; then
     "1024 4096 1024" "4096 4096 1024" "16384 4096 1024" "4096 8192 1024" "16384 8192 1024" "1024 4096 1792" \
     "16384 4096 1792"
   summary+=("gemm 128x128 tile on small K A/B: gemm_smallk_summary.log")
+fi
+if [[ " $what " == *" gemm_pingpong "* ]]; then
+  # Ping-pong consumers (CCFUSE_GEMM_PINGPONG=1: 128x128x64/5, each consumer warpgroup its own
+  # tiles, one's epilogue under the other's mainloop; GemmConfig::pingpong) against the engine's
+  # choice: the small-K shapes it is meant for, then long-K controls.
+  gemm_ab gemm_pingpong CCFUSE_GEMM_PINGPONG 1 "1024 4096 512" "4096 4096 512" "8192 4096 512" "16384 4096 512" \
+    "1024 4096 1024" "4096 8192 1024" "16384 8192 1024" "1024 4096 1792" "16384 4096 2048" "4096 4096 4096" \
+    "8192 8192 8192"
+  summary+=("gemm ping-pong A/B: gemm_pingpong_summary.log")
 fi
 if [[ " $what " == *" gemm_ncu "* ]]; then
   # The narrow-tile L2 hypothesis (docs/gemm.md item 8): L2 and tensor-pipe counters of the

@@ -140,18 +140,18 @@ void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* 
   else launch_kparts<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, ws, s);
 }
 
-template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK>
+template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK, bool kPingpong>
 void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
-  if (cfg.cluster_m == 2) launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma>>(d, cfg, a, b, c, s);
-  else launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma>>(d, cfg, a, b, c, s);
+  if (cfg.cluster_m == 2) launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
+  else launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong>>(d, cfg, a, b, c, s);
 }
 
-template <class E, int BM, int BN, int BK, int S, bool kTma = false>
+template <class E, int BM, int BN, int BK, int S, bool kTma = false, bool kPingpong = false>
 void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
   if (d.b_layout == BLayout::kNK) {
-    launch_cluster<E, BM, BN, BK, S, kTma, true>(d, cfg, a, b, c, s);
+    launch_cluster<E, BM, BN, BK, S, kTma, true, kPingpong>(d, cfg, a, b, c, s);
   } else if constexpr (BN % 64 == 0) {
-    launch_cluster<E, BM, BN, BK, S, kTma, false>(d, cfg, a, b, c, s);
+    launch_cluster<E, BM, BN, BK, S, kTma, false, kPingpong>(d, cfg, a, b, c, s);
   } else {
     // B [K, N]'s 64-column swizzle atoms do not tile BN: not built (validate says so first).
     CCFUSE_ARG_CHECK(false, "tile ", BM, "x", BN, " is built for B [N, K] (b_layout nk) only");
@@ -165,7 +165,8 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
     else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
-  } else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
+  } else if (cfg.pingpong) launch_layout<E, 128, 128, 64, 5, true, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 96)
     launch_layout<E, 128, 96, 64, kTmaStoreN96Shape.stages, true>(d, cfg, a, b, c, s);
@@ -237,6 +238,10 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
                    cfg.cluster_m);
   CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || cfg.block_n == 128, cfg.stream_k ? "stream_k" : "split_k > 1",
                    " with tma_store is built for the 128x128x64/5 tile");
+  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && same(kTmaStoreNarrowShape) && !cut), "pingpong is built for "
+                   "whole tiles of the 128x128x64/5 tile with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
+                   cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
+                   cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "");
 }
 
 namespace {
@@ -330,7 +335,8 @@ std::string to_string(const GemmConfig& c) {
   os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
      << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m
      << " cluster=" << c.cluster_m << (c.tma_store ? " epilogue=tma_store" : "")
-     << (c.split_k > 1 ? " split_k=" + std::to_string(c.split_k) : std::string()) << (c.stream_k ? " stream_k" : "");
+     << (c.split_k > 1 ? " split_k=" + std::to_string(c.split_k) : std::string()) << (c.stream_k ? " stream_k" : "")
+     << (c.pingpong ? " pingpong" : "");
   return os.str();
 }
 
@@ -432,6 +438,7 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
                    cfg.block_m, "x", cfg.block_n);
   CCFUSE_ARG_CHECK(cfg.split_k == 1, "split_k ", cfg.split_k, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(!cfg.stream_k, "stream_k is not supported by the grouped GEMM");
+  CCFUSE_ARG_CHECK(!cfg.pingpong, "pingpong is not supported by the grouped GEMM (plain problems only)");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
   validate(as_plain(d), cfg);
 }

@@ -196,6 +196,7 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TMA_STORE=1  128x256x64/3 whole tiles
 //   CCFUSE_GEMM_TILE_N=192   128x192x64/4 whole tiles
 //   CCFUSE_GEMM_TILE_N=128   128x128x64/5 whole tiles (what cuBLASLt takes for K <= 1024)
+//   CCFUSE_GEMM_PINGPONG=1   128x128x64/5 whole tiles with ping-pong consumers (GemmConfig::pingpong)
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
@@ -223,6 +224,10 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TILE_N") == "192") force(192, 4, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "96") force(96, 7, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "128") force(128, 5, false, 1, pairs);
+  if (env("CCFUSE_GEMM_PINGPONG") == "1") {
+    force(128, 5, false, 1, pairs);
+    cfg.pingpong = true;
+  }
   if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
   if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);
   // The tile raster on top of any of the above (L2 reuse): rows of group_m tiles, or column-major.

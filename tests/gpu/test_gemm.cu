@@ -31,13 +31,14 @@ struct Case {
   bool tma_store = false;  // the TMA-store epilogue (128x256x64/3, or 128x128x64/5 with block_n 128)
   int split_k = 0;         // > 0: forced split-K parts; 0 = choose_config's
   bool stream_k = false;   // forced stream-K (choose_config's pick when block_n is 0)
+  bool pingpong = false;   // ping-pong consumers (GemmConfig::pingpong; with tma_store and block_n 128)
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
                          c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster,
                          c.tma_store ? "_tma" : "", c.split_k ? detail::str_cat("_split", c.split_k) : "",
-                         c.stream_k ? "_streamk" : "");
+                         c.stream_k ? "_streamk" : "", c.pingpong ? "_pingpong" : "");
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -142,6 +143,7 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
     cfg.stages = cfg.block_n == 128 ? 5 : cfg.block_n == 192 ? 4 : cfg.block_n == 96 ? 7 : 3;
     cfg.tma_store = true;
   }
+  cfg.pingpong = c.pingpong;
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -151,6 +153,18 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   const double err = prob.rel_err();
   EXPECT_LE(err, 1e-2);
   EXPECT_GT(err, 0.0) << "bit-exact against fp64 is suspicious for 16-bit outputs";
+  if (c.pingpong) {
+    // Back to back into a poisoned C, no host sync between: the same bits (each warpgroup's
+    // staging buffer and the mainloop order are reused across calls).
+    const size_t nc = size_t(d.m * d.n);
+    std::vector<uint16_t> first(nc), again(nc);
+    CCFUSE_CUDA_CHECK(cudaMemcpy(first.data(), prob.c, nc * 2, cudaMemcpyDeviceToHost));
+    CCFUSE_CUDA_CHECK(cudaMemset(prob.c, 0xff, nc * 2));
+    for (int i = 0; i < 5; ++i) run(d, cfg, prob.a, prob.b, prob.c, nullptr);
+    CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+    CCFUSE_CUDA_CHECK(cudaMemcpy(again.data(), prob.c, nc * 2, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(first == again) << "repeated ping-pong calls changed the result";
+  }
 }
 
 std::vector<Case> cases() {
@@ -242,6 +256,21 @@ std::vector<Case> cases() {
   out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kKN, 128, 100, false, 0, true, 0, true});
   out.push_back({4096, 1280, 8192, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kKN, 0, 0, false});
+  // Ping-pong consumers (128x128x64/5, TMA store; written 2026-11-30, not yet run on a GPU):
+  // partial tiles, M < 64 (one tile: warpgroup 1 idle), both layouts and dtypes, clusters; few
+  // CTAs so that each takes many tiles in turn, odd and even counts of tiles per CTA (7 and 8
+  // SMs), column order; K of one k-block and the small-K sweep shapes it is meant for.
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (BLayout l : {BLayout::kNK, BLayout::kKN})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 776, 520, t, l, 128, 0, false, cl, true, 0, false, true});
+        out.push_back({48, 200, 24, t, l, 128, 0, false, cl, true, 0, false, true});
+      }
+  out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 1, true, 0, false, true});
+  out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 8, true, 2, true, 0, false, true});
+  out.push_back({777, 1000, 8, DType::kFloat16, BLayout::kKN, 128, 16, false, 2, true, 0, false, true});
+  out.push_back({4096, 4096, 512, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true, 0, false, true});
+  out.push_back({16384, 4096, 1024, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true, 0, false, true});
   return out;
 }
 
@@ -607,6 +636,47 @@ TEST(GemmValidation, N96TileRules) {
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n, 96) << m << "x" << n;
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132).block_n, 96) << m << "x" << n;
   }
+}
+
+// Ping-pong consumers (GemmConfig::pingpong): whole tiles of the 128x128x64/5 TMA-store tile,
+// plain problems; choose_config does not pick them.
+TEST(GemmValidation, PingpongRules) {
+  const GemmDesc d = make_desc(4096, 4096, 512, DType::kBFloat16, BLayout::kKN);
+  GemmConfig cfg{128, 128, 64, 5};
+  cfg.tma_store = true;
+  cfg.pingpong = true;
+  EXPECT_NO_THROW(validate(d, cfg));
+  cfg.cluster_m = 2;
+  EXPECT_NO_THROW(validate(d, cfg));
+  EXPECT_EQ(to_string(cfg), "block=128x128x64 stages=5 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store pingpong");
+  GemmConfig wide = cfg;
+  wide.block_n = 256;
+  wide.stages = 3;
+  expect_invalid(d, wide, "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not 128x256x64/3");
+  GemmConfig regs = cfg;
+  regs.tma_store = false;
+  regs.stages = 6;
+  expect_invalid(d, regs,
+                 "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not 128x128x64/6 "
+                 "without tma_store");
+  GemmConfig split = cfg;
+  split.cluster_m = 1;
+  split.split_k = 2;
+  expect_invalid(d, split,
+                 "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not 128x128x64/5 with "
+                 "split_k");
+  GroupedGemmDesc g;
+  g.num_groups = 2;
+  g.max_rows = 256;
+  g.n = 256;
+  g.k = 128;
+  g.b_layout = BLayout::kNK;
+  GemmConfig grouped = cfg;
+  grouped.cluster_m = 1;
+  expect_invalid(g, grouped, "pingpong is not supported by the grouped GEMM (plain problems only)");
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{16384, 4096, 512}, {1024, 4096, 1024},
+                                {4096, 4096, 4096}})
+    EXPECT_FALSE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).pingpong) << m << "x" << n;
 }
 
 TEST(GemmValidation, RejectsMisalignedPointers) {

@@ -80,6 +80,11 @@ struct GemmConfig {
   // unless one is passed (one GEMM at a time per device then: concurrent calls on several streams
   // must pass their own).
   bool stream_k = false;
+  // Ping-pong consumers (plain problems, tma_store, the 128x128x64/5 tile, whole tiles): each
+  // consumer warpgroup computes its own tiles, the two in turn, so that one's epilogue runs under
+  // the other's mainloop (what cuBLASLt's 128x128 kernels do on K <= 1024). An experiment written
+  // 2026-11-30, not yet run on a GPU; choose_config does not pick it (docs/gemm.md).
+  bool pingpong = false;
 };
 
 // Throws InvalidArgument naming the argument and the rule: positive sizes; dtype bf16 or fp16;

@@ -62,7 +62,7 @@ using namespace cute;
 #endif
 
 template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
-          bool kTmaStore_ = false>
+          bool kTmaStore_ = false, bool kPingpong_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
@@ -86,6 +86,13 @@ struct Traits {
   static constexpr int kStoreSubBytes = kBlockM * kStoreRowBytes;          // one sub-tile
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  // Ping-pong consumers (plain problems with the TMA-store epilogue; GemmConfig::pingpong, an
+  // experiment written 2026-11-30): each consumer warpgroup computes whole tiles of its own (both
+  // 64-row halves), the two taking the CTA's tiles in turn, so that one's epilogue runs while the
+  // other's mainloop keeps the tensor cores busy. Each has its own staging buffer.
+  static constexpr bool kPingpong = kPingpong_;
+  static_assert(!kPingpong || (kTmaStore && kBlockM == 128), "ping-pong is built for 128-row TMA-store tiles");
+  static constexpr int kStagingTiles = kPingpong ? 2 : 1;
   static_assert(kBlockK * sizeof(Element) == 128, "one 128-byte swizzle atom along K");
 
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
@@ -101,13 +108,14 @@ struct Traits {
   using MmaOp = decltype(GMMA::ss_op_selector<Element, Element, float,
                                               Shape<Int<kBlockM / kConsumerWGs>, Int<kBlockN>, Int<kBlockK>>,
                                               GMMA::Major::K, kMajorB>());
-  // Two consumer warpgroups stacked along M.
-  using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));
+  // Two consumer warpgroups stacked along M; with kPingpong one warpgroup's (its fragment holds
+  // both 64-row halves of a tile: MMA_M = 2).
+  using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kPingpong ? 1 : kConsumerWGs>, _1, _1>>{}));
 
   struct SharedStorage {
     alignas(1024) Element a[cosize_v<SmemLayoutA>];  // 128-byte swizzle wants 1 KiB alignment
     alignas(1024) Element b[cosize_v<SmemLayoutB>];
-    alignas(1024) Element c[kTmaStore ? kBlockM * kBlockN : 8];  // kTmaStore staging
+    alignas(1024) Element c[kTmaStore ? kBlockM * kBlockN * kStagingTiles : 8];  // kTmaStore staging
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
     uint32_t tiles_handed;  // kHasSendWarps: tiles stored by the consumers so far
@@ -542,46 +550,38 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
 // layout and the same epilogue arithmetic as store_tile:
 // the activation (SiLU-and-mul halves the tile's columns: gate | up halves of the tile, as in
 // store_tile) and the per-row scale, in fp32, before the one rounding to the output type.
-template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
-__device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
-                                               Storage& ss, const TmaC& tma_c, const Accum& accum, int consumer_idx,
-                                               const TileWork& w) {
+// Named barriers: id 1 both consumer warpgroups, 2 the send warps, 3 + wg one ping-pong
+// warpgroup's epilogue, 5 + wg the ping-pong mainloop order (warpgroup wg may start its next one).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// One 64-row block of a tile into the staging buffer `c_bytes`: the m64nNk16 fragment `frag` of
+// warpgroup thread t holds rows block_row0 + 16 (t / 32) + (t % 32) / 4 and 8 below (store_tile's
+// layout); `scale` is their row scale (1 without one).
+template <class Traits, class Epilogue, class Frag>
+__device__ __forceinline__ void stage_block(const Frag& frag, int block_row0, int t, const float (&scale)[2],
+                                            char* c_bytes) {
   using Element = typename Traits::Element;
-  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
-  constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
-  constexpr int kOutCols = kGlu ? kBN / 2 : kBN;  // output columns of one tile
-  static_assert(kOutCols % kSub == 0, "whole TMA boxes (kStoreCols columns) per tile");
-  constexpr int kThreads = 128 * Traits::kConsumerWGs;
-  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
-  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
-  float scale[2] = {1.f, 1.f};
-  if constexpr (Epilogue::kHasRowScale) {
-    // Rows past M (the last tile of a plain problem) are clipped by TMA; their scale is not read.
-    const int64_t rows = min_i64(w.row_end, p.m) - w.row0;
-    CUTE_UNROLL
-    for (int h = 0; h < 2; ++h)
-      if (row + 8 * h < rows) scale[h] = epi.row_scale(w.row0 + row + 8 * h);
-  }
-  if (consumer_idx == 0) tma_store_wait<0>();  // the previous tile's stores have read the buffer
-  asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
-  Tensor sC = make_tensor(make_smem_ptr(ss.c), typename Traits::SmemLayoutC{});  // (BM, kSub, BN / kSub)
-  const int c0 = 2 * (lane % 4);
-  // The swizzled addresses by hand (Traits::staging_chunk).
-  char* const c_bytes = reinterpret_cast<char*>(ss.c);
-  const int swizzle = Traits::staging_swizzle(row);  // = staging_swizzle(row + 8)
+  constexpr int kBN = Traits::kBlockN;
+  constexpr int kOutCols = Epilogue::kAct == Activation::kSiluMul ? kBN / 2 : kBN;
+  const int lane = t % 32;
+  const int row = block_row0 + (t / 32) * 16 + lane / 4;
 #if CCFUSE_STMATRIX_STAGING
   // One stmatrix.x4 per two column groups instead of four 32-bit stores (Traits::stmatrix_chunk).
   static_assert((kOutCols / 8) % 2 == 0, "stmatrix.x4 stores column groups in pairs");
-  (void)swizzle;
-  (void)c0;
-  const int warp_row0 = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16;
-  const uint32_t c_smem = uint32_t(__cvta_generic_to_shared(ss.c));
+  (void)row;
+  const int warp_row0 = block_row0 + (t / 32) * 16;
+  const uint32_t c_smem = uint32_t(__cvta_generic_to_shared(c_bytes));
   CUTE_UNROLL
   for (int j = 0; j < kOutCols / 8; j += 2) {
     uint32_t bits[4];
     CUTE_UNROLL
     for (int m = 0; m < 4; ++m) {  // matrix m: column group j + m / 2, fragment half m % 2
-      bits[m] = round_pair<Element>(output_pair<kBN, Epilogue>(accum, j + m / 2, m % 2, scale[m % 2]));
+      bits[m] = round_pair<Element>(output_pair<kBN, Epilogue>(frag, j + m / 2, m % 2, scale[m % 2]));
     }
     const uint32_t addr = c_smem + uint32_t(Traits::stmatrix_chunk(warp_row0, j, lane));
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(bits[0]),
@@ -589,30 +589,106 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
                  : "memory");
   }
 #else
+  const int c0 = 2 * (lane % 4);
+  // The swizzled addresses by hand (Traits::staging_chunk).
+  const int swizzle = Traits::staging_swizzle(row);  // = staging_swizzle(row + 8)
   CUTE_UNROLL
   for (int j = 0; j < kOutCols / 8; ++j) {
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const uint32_t bits = round_pair<Element>(output_pair<kBN, Epilogue>(accum, j, h, scale[h]));
+      const uint32_t bits = round_pair<Element>(output_pair<kBN, Epilogue>(frag, j, h, scale[h]));
       // col = c0 + 8j is even: the pair stays inside one 16-byte chunk of the swizzled row.
       const int offset = Traits::staging_chunk(row + 8 * h, j, swizzle) + c0 * int(sizeof(Element));
       *reinterpret_cast<uint32_t*>(c_bytes + offset) = bits;
     }
   }
 #endif
+}
+
+// The row scales of a 64-row block's two fragment rows (1 without a scale; rows past the tile's
+// group or M are clipped by TMA and not read).
+template <class Epilogue, class Element>
+__device__ __forceinline__ void block_scales(const Params<Element>& p, const Epilogue& epi, const TileWork& w,
+                                             int row, float (&scale)[2]) {
+  scale[0] = scale[1] = 1.f;
+  if constexpr (Epilogue::kHasRowScale) {
+    const int64_t rows = min_i64(w.row_end, p.m) - w.row0;
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      if (row + 8 * h < rows) scale[h] = epi.row_scale(w.row0 + row + 8 * h);
+  }
+}
+
+// One TMA store per sub-tile of Traits::kStoreCols columns from the staging buffer `c` (rows and
+// columns past M, N are clipped by TMA), by one thread; then commits them as one bulk group.
+template <class Traits, class Epilogue, class TmaC>
+__device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::Element>& p, const TmaC& tma_c,
+                                                  typename Traits::Element* c, const TileWork& w) {
+  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
+  constexpr int kOutCols = kGlu ? kBN / 2 : kBN;
+  Tensor sC = make_tensor(make_smem_ptr(c), typename Traits::SmemLayoutC{});  // (BM, kSub, BN / kSub)
+  const int out_n = kGlu ? p.n / 2 : p.n;  // the C tensor's columns (launch_gemm's tma_c)
+  Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, out_n));
+  Tensor gC = local_tile(domain_offset(make_coord(int(w.row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
+                         make_coord(0, _));  // (BM, kSub, N / kSub)
+  auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
+  CUTE_UNROLL
+  for (int s = 0; s < kOutCols / kSub; ++s)
+    if (w.n_tile * kOutCols + s * kSub < out_n) copy(tma_c, tCsC(_, s), tCgC(_, w.n_tile * (kOutCols / kSub) + s));
+  tma_store_arrive();
+}
+
+// The TMA-store epilogue (Traits::kTmaStore) of the two consumer warpgroups' tile (each 64 rows):
+// wait until the previous tile's stores have read the staging buffer, write this tile's values
+// into it (swizzled: the 8 rows a warp writes at once fall in 8 different 16-byte bank groups, no
+// bank conflicts, with either swizzle width), make them visible to the async proxy, and let
+// consumer thread 0 issue the stores. Same fragment layout and the same epilogue arithmetic as
+// store_tile: the activation (SiLU-and-mul halves the tile's columns: gate | up halves of the
+// tile, as in store_tile) and the per-row scale, in fp32, before the one rounding to the output
+// type.
+template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
+__device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                               Storage& ss, const TmaC& tma_c, const Accum& accum, int consumer_idx,
+                                               const TileWork& w) {
+  constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
+  static_assert((kGlu ? Traits::kBlockN / 2 : Traits::kBlockN) % Traits::kStoreCols == 0,
+                "whole TMA boxes (kStoreCols columns) per tile");
+  constexpr int kThreads = 128 * Traits::kConsumerWGs;
+  const int wg = consumer_idx / 128, t = consumer_idx % 128;
+  const int block_row0 = wg * (Traits::kBlockM / Traits::kConsumerWGs);
+  float scale[2];
+  block_scales(p, epi, w, block_row0 + (t / 32) * 16 + (t % 32) / 4, scale);
+  if (consumer_idx == 0) tma_store_wait<0>();  // the previous tile's stores have read the buffer
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
+  stage_block<Traits, Epilogue>(accum, block_row0, t, scale, reinterpret_cast<char*>(ss.c));
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
-  if (consumer_idx == 0) {
-    const int out_n = kGlu ? p.n / 2 : p.n;  // the C tensor's columns (launch_gemm's tma_c)
-    Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, out_n));
-    Tensor gC = local_tile(domain_offset(make_coord(int(w.row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
-                           make_coord(0, _));  // (BM, kSub, N / kSub)
-    auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
-    CUTE_UNROLL
-    for (int s = 0; s < kOutCols / kSub; ++s)
-      if (w.n_tile * kOutCols + s * kSub < out_n) copy(tma_c, tCsC(_, s), tCgC(_, w.n_tile * (kOutCols / kSub) + s));
-    tma_store_arrive();
+  if (consumer_idx == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, ss.c, w);
+}
+
+// The TMA-store epilogue of ping-pong consumers (Traits::kPingpong): warpgroup `wg` stores its own
+// whole tile (two 64-row blocks of its fragment, MMA_M = 2) through its own staging buffer, with
+// its own named barrier (3 + wg) and its thread 0 issuing the stores: the other warpgroup's
+// mainloop runs meanwhile.
+template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
+__device__ __forceinline__ void store_tile_tma_wg(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                                  Storage& ss, const TmaC& tma_c, const Accum& accum, int wg, int t,
+                                                  const TileWork& w) {
+  static_assert(Traits::kPingpong, "one warpgroup's whole tile");
+  using Element = typename Traits::Element;
+  Element* c = ss.c + wg * (Traits::kBlockM * Traits::kBlockN);
+  if (t == 0) tma_store_wait<0>();  // this warpgroup's previous stores have read its buffer
+  named_barrier_sync(3 + wg, 128);
+  CUTE_UNROLL
+  for (int mb = 0; mb < 2; ++mb) {
+    float scale[2];
+    block_scales(p, epi, w, 64 * mb + (t / 32) * 16 + (t % 32) / 4, scale);
+    stage_block<Traits, Epilogue>(accum(_, mb, _), 64 * mb, t, scale, reinterpret_cast<char*>(c));
   }
+  cutlass::arch::fence_view_async_shared();
+  named_barrier_sync(3 + wg, 128);
+  if (t == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, c, w);
 }
 
 // Two 16-bit values as one 32-bit word (the low one first, as in memory), and back to floats.
@@ -784,6 +860,37 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
+// A tile's mainloop from (stage, phase): k-blocks [kb_begin, kb_end), each batch of wgmmas kept in
+// flight while the next is issued, each stage released once the batch after it is issued. Returns
+// the last stage, which the caller releases after warpgroup_wait<0>.
+template <int kStages, class Mma, class FragA, class FragB, class Accum, class Full, class Release>
+__device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
+                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release) {
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  int prev_stage = -1;
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    full[stage].wait(phase);
+    warpgroup_fence_operand(accum);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tCrA); ++kk) {
+      cute::gemm(mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), accum);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    // Keep this batch in flight; the previous one has finished reading its stage.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(accum);
+    if (prev_stage >= 0) release(prev_stage);
+    prev_stage = stage;
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  return prev_stage;
+}
+
 template <class Traits, class Schedule, class Epilogue>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
@@ -830,7 +937,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       full[s].init(1);  // the producer's arrive_and_expect_tx
       // Unclustered: every consumer thread releases. Clustered: one lane per consumer warp of
       // each CTA of the cluster (the stage is refilled by multicasts from both).
-      empty[s].init(kCluster == 1 ? 128 * Traits::kConsumerWGs : 4 * Traits::kConsumerWGs * kCluster);
+      // Ping-pong: one warpgroup consumes each stage.
+      constexpr int kStageWGs = Traits::kPingpong ? 1 : Traits::kConsumerWGs;
+      empty[s].init(kCluster == 1 ? 128 * kStageWGs : 4 * kStageWGs * kCluster);
     }
     cutlass::arch::fence_barrier_init();
     ss.tiles_handed = 0;
@@ -856,6 +965,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto work_of = [&](int64_t u) {
     if constexpr (kCluster > 1) return sched.work_pair(u, cta_rank);
     else return sched.work(u);
+  };
+
+  // Consumers release a stage: to the local producer, or to every producer of the cluster (each of
+  // them multicasts into this CTA's copy of the stage).
+  auto release = [&](int s) {
+    if constexpr (kCluster > 1) {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0)
+        for (int c = 0; c < kCluster; ++c) empty[s].arrive(uint32_t(c), 1u);
+    } else {
+      empty[s].arrive();
+    }
   };
 
   if (warp_group == 0) {
@@ -935,6 +1056,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     }
+  } else if constexpr (Traits::kPingpong) {
+    // ---------------- ping-pong consumers ----------------
+    // The CTA's i-th unit goes to warpgroup i % 2. Every unit is a whole tile of k_tiles
+    // k-blocks, loaded in unit order, so unit i's first k-block is the (i * k_tiles)-th the
+    // producer loads: its stage and phase. Warpgroup wg starts a mainloop only once the other has
+    // issued its previous one (named barrier 5 + wg), so that the mainloops alternate and each
+    // epilogue runs under the other warpgroup's mainloop.
+    static_assert(!Epilogue::kHasSendWarps && !Epilogue::kHasNotify && !Epilogue::kHasAddends &&
+                      !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value,
+                  "ping-pong consumers are built for plain problems and epilogues");
+    static_assert(tma_store_ok<Epilogue>::value && tma_store_ok<Schedule>::value, "ping-pong stores through TMA");
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    typename Traits::TiledMma mma;
+    const int wg = warp_group - 1, t = threadIdx.x % 128;
+    auto thr = mma.get_thread_slice(t);
+    Tensor tCsA = thr.partition_A(sA);  // (MMA, MMA_M = 2, MMA_K, stages)
+    Tensor tCsB = thr.partition_B(sB);
+    Tensor tCrA = thr.make_fragment_A(tCsA);
+    Tensor tCrB = thr.make_fragment_B(tCsB);
+    int64_t i = 0;
+    for (int64_t u = unit_start; u < num_units; u += unit_stride, ++i) {
+      if (int(i % 2) != wg) continue;
+      const TileWork w = work_of(u);
+      const int64_t kb0 = i * k_tiles;
+      int stage = int(kb0 % kStages);
+      uint32_t phase = uint32_t((kb0 / kStages) % 2);
+      if (i > 0) named_barrier_sync(5 + wg, 256);  // the other warpgroup has issued unit i - 1's mainloop
+      Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
+      const int prev_stage = mainloop<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, 0, k_tiles, release);
+      // Unit i + 1 (the other warpgroup's) may start its mainloop: this one's is issued.
+      if (u + unit_stride < num_units) named_barrier_arrive(5 + (1 - wg), 256);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accum);
+      if (prev_stage >= 0) release(prev_stage);
+      store_tile_tma_wg<Traits>(p, epi, ss, tma_c, accum, wg, t, w);
+    }
+    if (t == 0) tma_store_wait<0>();  // the staging buffer must outlive the last stores' reads of it
   } else {
     // ---------------- consumers ----------------
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
@@ -947,17 +1105,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor tCrB = thr.make_fragment_B(tCsB);
     int stage = 0;
     uint32_t phase = 0;
-    // Releases a stage: to the local producer, or to every producer of the cluster (each of them
-    // multicasts into this CTA's copy of the stage).
-    auto release = [&](int s) {
-      if constexpr (kCluster > 1) {
-        __syncwarp();
-        if (threadIdx.x % 32 == 0)
-          for (int c = 0; c < kCluster; ++c) empty[s].arrive(uint32_t(c), 1u);
-      } else {
-        empty[s].arrive();
-      }
-    };
     constexpr bool kTrace = HasTileTrace<Epilogue>::value;
     int trace_index = 0;
     uint64_t* trace_t = ss.trace_t;
@@ -970,29 +1117,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (epi.trace != nullptr && consumer_idx == 0) trace_t[0] = globaltimer_ns();
       }
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
-      mma.accumulate_ = GMMA::ScaleOut::Zero;
-      int prev_stage = -1;
       const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
-      for (int kb = w.kb_begin; kb < kb_end; ++kb) {
-        full[stage].wait(phase);
-        warpgroup_fence_operand(accum);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-          cute::gemm(mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), accum);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        // Keep this batch in flight; the previous one has finished reading its stage.
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(accum);
-        if (prev_stage >= 0) release(prev_stage);
-        prev_stage = stage;
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
+      const int prev_stage = mainloop<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release);
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
