@@ -1062,7 +1062,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // k-blocks, loaded in unit order, so unit i's first k-block is the (i * k_tiles)-th the
     // producer loads: its stage and phase. Warpgroup wg starts a mainloop only once the other has
     // issued its previous one (named barrier 5 + wg), so that the mainloops alternate and each
-    // epilogue runs under the other warpgroup's mainloop.
+    // epilogue runs under the other warpgroup's mainloop. The order is also what makes the phase
+    // waits sound: an mbarrier parity wait can only tell the current phase from the one before,
+    // and a warpgroup that waited for a stage two loads ahead of the producer would pass at once.
+    // Once the other warpgroup has waited for every k-block of unit i - 1, each stage of unit i
+    // has completed its previous load, so its wait is for the stage's current phase.
     static_assert(!Epilogue::kHasSendWarps && !Epilogue::kHasNotify && !Epilogue::kHasAddends &&
                       !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value,
                   "ping-pong consumers are built for plain problems and epilogues");
