@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -448,6 +448,22 @@ if [[ " $what " == *" gemm_pingpong "* ]]; then
     "1024 4096 1024" "4096 8192 1024" "16384 8192 1024" "1024 4096 1792" "16384 4096 2048" "4096 4096 4096" \
     "8192 8192 8192"
   summary+=("gemm ping-pong A/B: gemm_pingpong_summary.log")
+fi
+if [[ " $what " == *" sanitize "* ]]; then
+  # compute-sanitizer (Firecracker machines only, KINDS.md) on the newest kernels' smallest GPU
+  # tests: racecheck (shared memory) and memcheck on the ping-pong GEMM and the chunked MoE
+  # preparation. CCFUSE_SANITIZE_FILTER: another gtest filter.
+  filter=${CCFUSE_SANITIZE_FILTER:-"*48x200x24_bf16_nk_bn128_sms0_row_cl1_tma_pingpong*:*1000x1032x136_bf16_nk_bn128_sms7_row_cl1_tma_pingpong*:*chunk_prep_units*"}
+  : > "$OUT/sanitize.log"
+  for tool in racecheck memcheck; do
+    echo "==== $tool" >> "$OUT/sanitize.log"
+    timeout 280 compute-sanitizer --tool $tool --error-exitcode 9 $BIN/ccfuse_gpu_tests --gtest_filter="$filter" \
+      >> "$OUT/sanitize.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    echo "==== $tool rc=$rc" >> "$OUT/sanitize.log"
+  done
+  grep -E "^====|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tee "$OUT/sanitize_summary.log"
+  summary+=("sanitize: sanitize_summary.log")
 fi
 if [[ " $what " == *" gemm_ncu "* ]]; then
   # The narrow-tile L2 hypothesis (docs/gemm.md item 8): L2 and tensor-pipe counters of the
