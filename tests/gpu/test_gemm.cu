@@ -372,6 +372,17 @@ TEST(GemmSplitK, CapturedBeforeItsBuffersExistFallsBackToWholeTiles) {
   CCFUSE_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// A grouped problem of two groups of at most 256 rows in all (validation tests).
+GroupedGemmDesc two_groups(int64_t n, int64_t k, BLayout layout = BLayout::kKN) {
+  GroupedGemmDesc g;
+  g.num_groups = 2;
+  g.max_rows = 256;
+  g.n = n;
+  g.k = k;
+  g.b_layout = layout;
+  return g;
+}
+
 TEST(GemmValidation, RejectsWhatTmaCannotTake) {
   GemmDesc d;
   d.m = 128;
@@ -526,11 +537,7 @@ TEST(GemmValidation, SplitKRules) {
   EXPECT_EQ(workspace_bytes(d, cfg), size_t(132) * 2 * 128 * 128 * 4 + 48 * 4);
   cfg = GemmConfig{};
   cfg.split_k = 2;
-  GroupedGemmDesc g;
-  g.num_groups = 2;
-  g.max_rows = 256;
-  g.n = 256;
-  g.k = 256;
+  const GroupedGemmDesc g = two_groups(256, 256);
   try {
     validate(g, cfg);
     ADD_FAILURE() << "split_k in a grouped GEMM accepted";
@@ -561,11 +568,7 @@ TEST(GemmValidation, TmaStoreRules) {
                            "128x192x64/4, 128x128x64/5, 128x96x64/7)");
   }
   cfg.stages = 3;
-  GroupedGemmDesc g;
-  g.num_groups = 2;
-  g.max_rows = 256;
-  g.n = 256;
-  g.k = 128;
+  const GroupedGemmDesc g = two_groups(256, 128);
   EXPECT_NO_THROW(validate(g, cfg));  // the grouped TMA-store epilogue (experiment): cut tiles from registers
   GemmConfig n192 = cfg;
   n192.block_n = 192;
@@ -622,13 +625,7 @@ TEST(GemmValidation, N96TileRules) {
   other = cfg;
   other.tma_store = false;  // registers: not built
   EXPECT_THROW(validate(d, other), InvalidArgument);
-  GroupedGemmDesc g;
-  g.num_groups = 2;
-  g.max_rows = 256;
-  g.n = 192;
-  g.k = 128;
-  g.b_layout = BLayout::kNK;
-  expect_invalid(g, cfg,
+  expect_invalid(two_groups(192, 128, BLayout::kNK), cfg,
                  "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x96");
   // Opt-in: choose_config keeps its picks on the shapes the tile is meant for.
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1536, 4096}, {1024, 1280, 8192},
@@ -649,31 +646,27 @@ TEST(GemmValidation, PingpongRules) {
   cfg.cluster_m = 2;
   EXPECT_NO_THROW(validate(d, cfg));
   EXPECT_EQ(to_string(cfg), "block=128x128x64 stages=5 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store pingpong");
-  GemmConfig wide = cfg;
-  wide.block_n = 256;
-  wide.stages = 3;
-  expect_invalid(d, wide, "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not 128x256x64/3");
-  GemmConfig regs = cfg;
-  regs.tma_store = false;
-  regs.stages = 6;
-  expect_invalid(d, regs,
-                 "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not 128x128x64/6 "
-                 "without tma_store");
-  GemmConfig split = cfg;
-  split.cluster_m = 1;
-  split.split_k = 2;
-  expect_invalid(d, split,
-                 "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not 128x128x64/5 with "
-                 "split_k");
-  GroupedGemmDesc g;
-  g.num_groups = 2;
-  g.max_rows = 256;
-  g.n = 256;
-  g.k = 128;
-  g.b_layout = BLayout::kNK;
+  const std::string rule = "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not ";
+  struct Bad {
+    int block_n, stages;
+    bool tma_store;
+    int split_k;
+    const char* what;
+  };
+  for (const Bad& b : {Bad{256, 3, true, 1, "128x256x64/3"}, Bad{128, 6, false, 1, "128x128x64/6 without tma_store"},
+                       Bad{128, 5, true, 2, "128x128x64/5 with split_k"}}) {
+    GemmConfig bad = cfg;
+    bad.cluster_m = 1;
+    bad.block_n = b.block_n;
+    bad.stages = b.stages;
+    bad.tma_store = b.tma_store;
+    bad.split_k = b.split_k;
+    expect_invalid(d, bad, (rule + b.what).c_str());
+  }
   GemmConfig grouped = cfg;
   grouped.cluster_m = 1;
-  expect_invalid(g, grouped, "pingpong is not supported by the grouped GEMM (plain problems only)");
+  expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,
+                 "pingpong is not supported by the grouped GEMM (plain problems only)");
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{16384, 4096, 512}, {1024, 4096, 1024},
                                 {4096, 4096, 4096}})
     EXPECT_FALSE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).pingpong) << m << "x" << n;
