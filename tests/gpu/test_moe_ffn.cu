@@ -498,7 +498,7 @@ std::vector<Case> cases() {
   stripe32.name = "striped_32_rows_a_round_top8";
   stripe32.stripe_rows = 32;
   v.push_back(stripe32);
-  // Layer 0's send list in two kernels (CCFUSE_MOE_PREP=chunks; written 2026-11-30 10:10, not yet
+  // Layer 0's send list in two kernels (CCFUSE_MOE_PREP=chunks; written 2026-11-30 09:50, not yet
   // run on a GPU): several 2048-entry chunks, drops, a rank without tokens, both send orders and
   // dispatches. layer0_output() is checked in receive order, so a wrong rank shows there.
   Case chunks1 = striped;
