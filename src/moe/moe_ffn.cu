@@ -199,8 +199,9 @@ __global__ void send_list_kernel(Geometry g, const int32_t* topk_ids, const int6
 
 // ---- the send list in two kernels (CCFUSE_MOE_PREP=chunks; experiment, 2026-11-30) -----------
 // The same send list as count_kernel + dispatch_positions_gpu + send_list_kernel (entries of an
-// expert in entry order), from 3 launches instead of ~10 (a radix sort's passes among them): at
-// T = 4096 the preparation kernels cost 0.07-0.15 ms of layer 0 (docs/perf-notes.md).
+// expert in entry order), from 2 launches instead of ~12 (a radix sort's passes and two memsets
+// among them): at T = 4096 the preparation kernels cost 0.07-0.15 ms of layer 0
+// (docs/perf-notes.md).
 // chunk_rank_kernel: CTA c ranks entries [c * kPrepChunk, ...) among the chunk's entries of the
 // same expert, in entry order: 256 entries a step, within a warp by __match_any_sync, across the
 // step's warps through a [warps][E] count table, across steps by a running count per expert.
