@@ -172,41 +172,17 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
   }
 }
 
-// counts_row[x] = this rank's entries routed to expert x (ids outside [0, E) are not counted):
-// one CTA, a shared-memory histogram (dispatch_counts_gpu sorts, which the counts do not need).
-__global__ void count_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* counts_row) {
-  extern __shared__ int32_t hist[];
-  for (int x = threadIdx.x; x < experts; x += blockDim.x) hist[x] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < entries; i += blockDim.x) {
-    const int x = topk_ids[i];
-    if (x >= 0 && x < experts) atomicAdd(&hist[x], 1);
-  }
-  __syncthreads();
-  for (int x = threadIdx.x; x < experts; x += blockDim.x) counts_row[x] = hist[x];
-}
-
-// send_list[rows_base[rot(e)] + (position - block_begin[e])] = entry: this rank's entries in
-// send order (owners rotated from this rank, experts in order, entries in order).
-__global__ void send_list_kernel(Geometry g, const int32_t* topk_ids, const int64_t* positions, int64_t entries,
-                                 Plan plan, int32_t* send_list) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < entries; i += int64_t(gridDim.x) * blockDim.x) {
-    const int x = topk_ids[i];
-    if (x < 0 || positions[i] < 0) continue;
-    send_list[plan.rows_base[g.rot_index(g.rank, x)] + (positions[i] - plan.block_begin[x])] = int32_t(i);
-  }
-}
-
-// ---- the send list in two kernels (CCFUSE_MOE_PREP=chunks; experiment, 2026-11-30) -----------
-// The same send list as count_kernel + dispatch_positions_gpu + send_list_kernel (entries of an
-// expert in entry order), from 2 launches instead of ~12 (a radix sort's passes and two memsets
-// among them): at T = 4096 the preparation kernels cost 0.07-0.15 ms of layer 0
-// (docs/perf-notes.md).
+// ---- layer 0's preparation: this rank's counts and send list in two kernels ---------------------
+// The send list holds this rank's entries in send order (owners rotated from this rank, experts in
+// order, an expert's entries in entry order). Until 2026-11-30 a histogram kernel, a CUB radix sort
+// of the entries (dispatch_positions_gpu) and a scatter kernel built it with two memsets, ~12
+// launches: 0.07-0.16 ms of layer 0 at T = 4096. These two take 0.03-0.08 ms
+// (docs/perf-notes.md, "Chunked preparation").
 // chunk_rank_kernel: CTA c ranks entries [c * kPrepChunk, ...) among the chunk's entries of the
 // same expert, in entry order: 256 entries a step, within a warp by __match_any_sync, across the
 // step's warps through a [warps][E] count table, across steps by a running count per expert.
 // Writes the rank of every valid entry and the chunk's count per expert. Entries with ids outside
-// [0, E) are dropped, as in count_kernel.
+// [0, E) are dropped.
 constexpr int kPrepChunk = 2048, kPrepThreads = 256;
 __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* entry_rank,
                                   int32_t* chunk_counts) {
@@ -246,7 +222,8 @@ __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int 
 // entry_rank[i]] = i for the chunk's valid entries; rows_base (the send order's first row of each
 // rotated expert, as exchange_kernel derives it) from the counts of all chunks, in shared memory.
 // CTA 0 also writes counts_row (for the exchange kernel) and zeroes the per-call counters
-// done_count [W] and unit_done [units] (null: not used), which saves their memsets.
+// done_count [W] and unit_done [units] (null: not used), which saves their memsets. A null
+// send_list (the all-gather dispatch, which sends no rows): the counts and counters only.
 __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int64_t entries, const int32_t* entry_rank,
                                        const int32_t* chunk_counts, int32_t* counts_row, int32_t* send_list,
                                        int64_t* done_count, int* unit_done, int64_t units) {
@@ -286,6 +263,7 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
     }
   }
   __syncthreads();
+  if (send_list == nullptr) return;
   const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
   for (int64_t i = first + threadIdx.x; i < entries && i < first + kPrepChunk; i += blockDim.x) {
     const int x = topk_ids[i];
@@ -915,22 +893,17 @@ struct MoeFfn::State {
   int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
   int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
-  // CCFUSE_MOE_PREP=chunks at construction (experiment): layer 0's counts and send list by
-  // chunk_rank_kernel and chunk_send_list_kernel instead of count_kernel, dispatch_positions_gpu
-  // and send_list_kernel.
-  bool chunk_prep = false;
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
-  void* scratch = nullptr;  // Plan arrays, counts_row, positions, send_list, dispatch workspace
+  void* scratch = nullptr;  // Plan arrays, counts_row, send_list, ranks, dispatch workspace (all-gather)
   void* h1 = nullptr;
   void* y = nullptr;
   Plan plan{};
   int32_t* counts_row = nullptr;
   int32_t** counts_peers = nullptr;  // device array of W pointers
-  int64_t* positions = nullptr;
   int32_t* send_list = nullptr;
-  int32_t* entry_rank = nullptr;    // CCFUSE_MOE_PREP=chunks: [max_tokens * k]
-  int32_t* chunk_counts = nullptr;  // CCFUSE_MOE_PREP=chunks: [chunks][E]
+  int32_t* entry_rank = nullptr;    // chunk_rank_kernel: [max_tokens * k]
+  int32_t* chunk_counts = nullptr;  // chunk_rank_kernel: [chunks][E]
   int32_t* bad_entry = nullptr;  // check_routing
   void* dispatch_ws = nullptr;
   int64_t num_tokens = 0;  // of the last run_layer0
@@ -1001,8 +974,6 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
   s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
-  const char* prep = std::getenv("CCFUSE_MOE_PREP");
-  s.chunk_prep = prep != nullptr && std::strcmp(prep, "chunks") == 0;
   s.geo.max_tokens = d.max_tokens;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
@@ -1059,7 +1030,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.h1, size_t(s.max_rows * d.ffn) * 2));
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.y, size_t(s.max_rows * d.hidden) * 2));
   const int ex = d.num_experts, el = s.geo.epr;
-  const size_t ws = dispatch_workspace_bytes(d.max_tokens, d.topk, ex);
+  // The all-gather dispatch ranks every source's entries with dispatch_positions_gpu.
+  const size_t ws = allgather ? dispatch_workspace_bytes(d.max_tokens, d.topk, ex) : 0;
   auto carve_all = [&](uintptr_t p) {
     const uintptr_t begin = p;
     s.plan.group_rows = carve<int32_t>(p, el);
@@ -1076,7 +1048,6 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
     s.plan.perm_base = carve<int>(p, size_t(w) * el + 1);
     s.counts_row = carve<int32_t>(p, ex);
     s.counts_peers = carve<int32_t*>(p, w);
-    s.positions = carve<int64_t>(p, entries);
     s.send_list = carve<int32_t>(p, entries);
     s.entry_rank = carve<int32_t>(p, entries);
     s.chunk_counts = carve<int32_t>(p, size_t(ceil_div(entries, kPrepChunk)) * ex);
@@ -1188,30 +1159,22 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   s.num_tokens = num_tokens;
   s.sig->begin_call(stream);
   const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
-  const bool chunk_prep = s.chunk_prep && !allgather;
   const int64_t entries_now = num_tokens * d.topk;
   const unsigned prep_chunks = unsigned(ceil_div(entries_now, kPrepChunk));
-  // The per-call counters: zeroed by chunk_send_list_kernel where it runs, else here.
-  if (!chunk_prep || prep_chunks == 0) {
+  if (prep_chunks > 0) {
+    chunk_rank_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4, stream>>>(
+        topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+    // Needs only this rank's counts: before the exchange, which waits for the peers. Zeroes the
+    // per-call counters too.
+    chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 3 * 4, stream>>>(
+        s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, allgather ? nullptr : s.send_list,
+        s.plan.done_count, s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  } else {  // no tokens: the counts row and the counters by memsets
+    CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
     CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
     if (s.striped) CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.unit_done, 0, size_t(s.geo.max_chunks) * 4, stream));
-  }
-  if (chunk_prep) {
-    if (prep_chunks > 0) {
-      chunk_rank_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4, stream>>>(
-          topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
-      CCFUSE_CUDA_CHECK_LAUNCH();
-      // Needs only this rank's counts: before the exchange, which waits for the peers.
-      chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 3 * 4, stream>>>(
-          s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, s.send_list, s.plan.done_count,
-          s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
-      CCFUSE_CUDA_CHECK_LAUNCH();
-    } else {
-      CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
-    }
-  } else {
-    count_kernel<<<1, 1024, size_t(d.num_experts) * 4, stream>>>(topk_ids, entries_now, d.num_experts, s.counts_row);
-    CCFUSE_CUDA_CHECK_LAUNCH();
   }
   const int dev_sms = gemm::current_device_sms();
   const int64_t entries_max = d.max_tokens * d.topk;
@@ -1235,13 +1198,6 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     ag_rows_kernel<<<2 * dev_sms, 256, 0, stream>>>(s.geo, gids, static_cast<const float*>(s.gw->local()), s.gpositions,
                                                     static_cast<int2*>(s.row_src->local()),
                                                     static_cast<float*>(s.row_w->local()));
-    CCFUSE_CUDA_CHECK_LAUNCH();
-  } else if (!chunk_prep && num_tokens > 0) {
-    dispatch_positions_gpu(counts_local, s.geo.world, d.num_experts, s.geo.rank, topk_ids, num_tokens, d.topk,
-                           s.positions, s.dispatch_ws, stream);
-    const int64_t entries = num_tokens * d.topk;
-    send_list_kernel<<<int(std::min<int64_t>(ceil_div(entries, 256), 1024)), 256, 0, stream>>>(
-        s.geo, topk_ids, s.positions, entries, s.plan, s.send_list);
     CCFUSE_CUDA_CHECK_LAUNCH();
   }
   L0Schedule sched;

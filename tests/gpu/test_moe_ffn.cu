@@ -94,7 +94,6 @@ struct Case {
   int local_first = -1;  // MoeFfnConfig::local_first
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
-  bool chunk_prep = false;  // CCFUSE_MOE_PREP=chunks (layer 0's send list in two kernels)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -263,14 +262,6 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
   const std::vector<RankData> problem = make_problem(c, w, seed);
   std::vector<int> devices(static_cast<size_t>(w));
   std::iota(devices.begin(), devices.end(), 0);
-  // Read by MoeFfn's constructor; set here, before the rank threads, and cleared after them.
-  struct PrepEnv {
-    explicit PrepEnv(bool on) {
-      if (on) setenv("CCFUSE_MOE_PREP", "chunks", 1);
-      else unsetenv("CCFUSE_MOE_PREP");
-    }
-    ~PrepEnv() { unsetenv("CCFUSE_MOE_PREP"); }
-  } prep_env(c.chunk_prep);
 
   comm::run_local_world(devices, [&](comm::Team& team) {
     const int r = team.rank();
@@ -498,21 +489,13 @@ std::vector<Case> cases() {
   stripe32.name = "striped_32_rows_a_round_top8";
   stripe32.stripe_rows = 32;
   v.push_back(stripe32);
-  // Layer 0's send list in two kernels (CCFUSE_MOE_PREP=chunks; written 2026-11-30 09:50, not yet
-  // run on a GPU): several 2048-entry chunks, drops, a rank without tokens, both send orders and
-  // dispatches. layer0_output() is checked in receive order, so a wrong rank shows there.
-  Case chunks1 = striped;
-  chunks1.name = "chunk_prep_striped_zipf_drops";
-  chunks1.chunk_prep = true;
-  v.push_back(chunks1);
-  Case chunks2 = striped_top8;
-  chunks2.name = "chunk_prep_top8_interleaved_rank0_empty";
-  chunks2.chunk_prep = true;
-  v.push_back(chunks2);
-  Case chunks3{"chunk_prep_units_zipf_top4_e16", 512, 256, 16, 4, true, BLayout::kKN, Route::kZipf, {1100, 530}};
-  chunks3.striped = 0;
-  chunks3.chunk_prep = true;
-  v.push_back(chunks3);
+  // Layer 0's preparation (chunk_rank_kernel, chunk_send_list_kernel) over three 2048-entry
+  // chunks with unit sends: an entry ranked wrong in its chunk shows in layer0_output(), which is
+  // checked in receive order. (The striped cases above cover drops, a rank without tokens and
+  // both send orders.)
+  Case chunks{"chunk_prep_units_zipf_top4_e16", 512, 256, 16, 4, true, BLayout::kKN, Route::kZipf, {1100, 530}};
+  chunks.striped = 0;
+  v.push_back(chunks);
   return v;
 }
 
