@@ -468,18 +468,24 @@ if [[ " $what " == *" sanitize "* ]]; then
 fi
 if [[ " $what " == *" gemm_ncu "* ]]; then
   # The narrow-tile L2 hypothesis (docs/gemm.md item 8): L2 and tensor-pipe counters of the
-  # 128x256, 128x128 and 128x96 TMA-store tiles on 4096^3 (one profiled launch each; ncu reads
-  # counters on Firecracker machines only, KINDS.md; clocks left alone).
+  # 128x256, 128x128 and 128x96 TMA-store tiles on 4096^3, then 128x256, 128x128 ping-pong and
+  # cuBLASLt's first heuristic kernel (nvjet) on 16384x4096x512 (one profiled launch each; ncu
+  # reads counters on Firecracker machines only, KINDS.md; clocks left alone).
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   : > "$OUT/gemm_ncu.log"
-  for v in CCFUSE_GEMM_TMA_STORE=1 CCFUSE_GEMM_TILE_N=128 CCFUSE_GEMM_TILE_N=96; do
-    echo "==== $v" >> "$OUT/gemm_ncu.log"
-    env $v timeout 120 ${NCU:-ncu} --clock-control none --kernel-name regex:gemm_kernel --launch-skip 2 --launch-count 1 \
+  for v in "4096 4096 CCFUSE_GEMM_TMA_STORE=1 gemm_kernel" "4096 4096 CCFUSE_GEMM_TILE_N=128 gemm_kernel" \
+           "4096 4096 CCFUSE_GEMM_TILE_N=96 gemm_kernel" "16384 512 CCFUSE_GEMM_TMA_STORE=1 gemm_kernel" \
+           "16384 512 CCFUSE_GEMM_PINGPONG=1 gemm_kernel" "16384 512 CCFUSE_GEMM_TMA_STORE=1 nvjet"; do
+    set -- $v
+    echo "==== m=$1 n=4096 k=$2 $3 kernel=$4" >> "$OUT/gemm_ncu.log"
+    skip=2; [ "$4" = nvjet ] && skip=0
+    env $3 timeout 120 ${NCU:-ncu} --clock-control none --kernel-name regex:$4 --launch-skip $skip --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      $BIN/ccfuse bench --op gemm --m 4096 --n 4096 --k 4096 --dtype bf16 --iters 3 --warmup 1 < /dev/null \
+      $BIN/ccfuse bench --op gemm --m $1 --n 4096 --k $2 --dtype bf16 --iters 3 --warmup 1 < /dev/null \
       >> "$OUT/gemm_ncu.log" 2>&1 || status=1
   done
-  grep -E "^====|Duration|Throughput|L2|Hit Rate|Bandwidth|Pipe|Executed Ipc|TFLOP" "$OUT/gemm_ncu.log" | tee "$OUT/gemm_ncu_summary.log"
+  set --
+  grep -E "^====|Duration|Throughput|L2|Hit Rate|Bandwidth|Pipe|Executed Ipc|TFLOP|  nvjet|gemm_kernel" "$OUT/gemm_ncu.log" | tee "$OUT/gemm_ncu_summary.log"
   summary+=("gemm ncu (128x256, 128x128, 128x96 on 4096^3): gemm_ncu_summary.log")
 fi
 if [[ " $what " == *" gemm_raster "* ]]; then
