@@ -324,10 +324,7 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == stripedinter ]] && order=interleave
     # striped8inter / striped16inter: the same with 8 or 16 rows a warp a round (MoeFfnConfig::stripe_rows).
     stripe_rows=""; [[ $variant =~ ^striped([0-9]+)inter$ ]] && { stripe_rows=${BASH_REMATCH[1]}; order=interleave; l0order=expert; }
-    # presumsrc: layer 1's pre-sum items source-major (CCFUSE_MOE_PRESUM_ORDER=src, the order before
-    # 2026-11-30 11:40) instead of the sources interleaved.
-    presum_order=""; [[ $variant == presumsrc ]] && presum_order=src
-    CCFUSE_MOE_PRESUM_ORDER=$presum_order CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1

@@ -735,19 +735,16 @@ __device__ __forceinline__ void presum_item(const Geometry& g, int32_t mine, con
   }
 }
 
-// Item i of the W * max_tokens (source, token) items: sources interleaved (i % W), so that the
-// warps in flight at any time pre-sum tokens of every source at once, the local ones (HBM only)
-// beside the remote ones (NVLink stores). Source-major (`src_major`, CCFUSE_MOE_PRESUM_ORDER=src
-// at construction: the order until 2026-11-30 11:40, kept for the A/B) runs the two phases one
-// after the other on each rank.
-__device__ __forceinline__ void presum_item_of(const Geometry& g, int64_t item, int64_t max_tokens, bool src_major,
-                                               int& src, int64_t& token) {
-  src = src_major ? int(item / max_tokens) : int(item % g.world);
-  token = src_major ? item % max_tokens : item / g.world;
+// Item i of the W * max_tokens (source, token) items: source i % W, token i / W. With the sources
+// interleaved, the warps in flight pre-sum every source's tokens at once, the local ones (HBM only)
+// beside the remote ones (NVLink stores); source-major items ran the two phases one after the
+// other on each rank (the pre-sum 12-22 % slower, measured 2026-11-30, docs/perf-notes.md).
+__device__ __forceinline__ void presum_item_of(const Geometry& g, int64_t item, int& src, int64_t& token) {
+  src = int(item % g.world);
+  token = item / g.world;
 }
 
-__global__ void presum_kernel(Geometry g, int64_t max_tokens, bool src_major, const int32_t* row_of, const E* y,
-                              E* const* partial) {
+__global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row_of, const E* y, E* const* partial) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const int vecs = int(g.hidden / 8);
@@ -755,7 +752,7 @@ __global__ void presum_kernel(Geometry g, int64_t max_tokens, bool src_major, co
        item += warps) {
     int src;
     int64_t token;
-    presum_item_of(g, item, max_tokens, src_major, src, token);
+    presum_item_of(g, item, src, token);
     const int32_t mine = lane < g.topk ? row_of[(src * max_tokens + token) * g.topk + lane] : -1;
     if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
     presum_item(g, mine, y, reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden),
@@ -809,7 +806,6 @@ struct L1SliceSchedule : gemm::sm90::GroupedSchedule {
   Geometry geo;
   comm::DeviceSignals sig{};
   int64_t max_tokens = 0;
-  bool src_major = false;  // presum_item_of
   const int32_t* row_of = nullptr;
   const E* y = nullptr;
   E* const* partial = nullptr;
@@ -846,7 +842,7 @@ struct L1SliceSchedule : gemm::sm90::GroupedSchedule {
       for (int64_t item = first_warp; item < items; item += stride) {
         int src;
         int64_t token;
-        presum_item_of(geo, item, max_tokens, src_major, src, token);
+        presum_item_of(geo, item, src, token);
         const int32_t mine = lane < geo.topk ? row_of[(src * max_tokens + token) * geo.topk + lane] : -1;
         if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
         presum_item(geo, mine, y,
@@ -908,7 +904,6 @@ struct MoeFfn::State {
   int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
   int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
-  bool presum_src_major = false;                   // CCFUSE_MOE_PRESUM_ORDER=src (experiment)
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, send_list, ranks, dispatch workspace (all-gather)
@@ -991,8 +986,6 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.interleaved = cfg.interleave_sends;
   s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
   s.geo.max_tokens = d.max_tokens;
-  const char* presum_order = std::getenv("CCFUSE_MOE_PRESUM_ORDER");
-  s.presum_src_major = presum_order != nullptr && std::strcmp(presum_order, "src") == 0;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
   s.max_rows = entries * w;
@@ -1337,7 +1330,6 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     ssched.geo = s.geo;
     ssched.sig = s.sig->device();
     ssched.max_tokens = d.max_tokens;
-    ssched.src_major = s.presum_src_major;
     ssched.row_of = s.row_of;
     ssched.y = static_cast<const E*>(s.y);
     ssched.partial = s.partial_peers;
@@ -1379,8 +1371,8 @@ void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool g
   CCFUSE_CUDA_CHECK_LAUNCH();
   // "l1gemm": stop after the GEMM (the pre-sum and combine kernels' time is the difference).
   if (gemm_only) return;
-  presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.presum_src_major, s.row_of,
-                                                 static_cast<const E*>(s.y), s.partial_peers);
+  presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.row_of, static_cast<const E*>(s.y),
+                                                 s.partial_peers);
   CCFUSE_CUDA_CHECK_LAUNCH();
   presum_notify_kernel<<<1, 32, 0, stream>>>(s.geo, s.sig->device());
   CCFUSE_CUDA_CHECK_LAUNCH();
