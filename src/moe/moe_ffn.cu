@@ -333,6 +333,8 @@ struct L0Schedule : gemm::sm90::GroupedSchedule {
   comm::DeviceSignals sig{};
   epoch_t epoch = 0;
   bool diag_no_wait = false;  // CCFUSE_MOE_DIAG=nowait: timing experiments only (wrong results)
+  bool diag_no_tiles = false;  // CCFUSE_MOE_DIAG=l0sendonly: no tiles, the send warps' dispatch alone
+  __device__ int64_t num_tiles() const { return diag_no_tiles ? 0 : GroupedSchedule::num_tiles(); }
   // MoeFfnConfig::local_first: the row tiles of only this rank's rows first (gemm::first_then_rest).
   const int* local_prefix = nullptr;
   __device__ gemm::TileWork work(int64_t idx) const {
@@ -1226,6 +1228,9 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   const bool no_send = diag != nullptr && (std::strncmp(diag, "nosend", 6) == 0 || std::strstr(diag, ",nosend") != nullptr);
   sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
+  // "l0sendonly": layer 0's kernel with no tiles, so that only its send warps' dispatch runs
+  // (against NCCL's all-to-all of the same rows: how fast the send warps move them on their own).
+  sched.diag_no_tiles = diag != nullptr && std::strstr(diag, "l0sendonly") != nullptr;
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   auto fill = [&](auto& epi) {
     epi.diag_no_send = no_send;
