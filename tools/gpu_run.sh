@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -431,6 +431,18 @@ if [[ " $what " == *" gemm_n96 "* ]]; then
     "1024 5120 8192" "1024 3584 4096" "4096 4096 4096" "8192 1536 8192"
   summary+=("gemm 128x96 tile A/B: gemm_n96_summary.log")
 fi
+if [[ " $what " == *" gemm_pairn "* ]]; then
+  # CTA pairs along N sharing A (CCFUSE_GEMM_CLUSTER_N=2, GemmConfig::cluster_n; docs/gemm.md item 10)
+  # against the same tile's pairs along M sharing B, with the 96- and the 128-column TMA-store
+  # tiles: the one-wave shapes, and controls where the SMs are full.
+  export CCFUSE_GEMM_TILE_N=96
+  gemm_ab gemm_pairn96 CCFUSE_GEMM_CLUSTER_N 2 "1024 1536 4096" "1024 1280 8192" "1024 768 4096" "1024 3584 4096" \
+    "4096 4096 4096" "1024 5120 8192"
+  export CCFUSE_GEMM_TILE_N=128
+  gemm_ab gemm_pairn128 CCFUSE_GEMM_CLUSTER_N 2 "1024 1536 4096" "1024 1280 8192" "4096 4096 4096" "16384 4096 512"
+  unset CCFUSE_GEMM_TILE_N
+  summary+=("gemm pairs along N A/B: gemm_pairn96_summary.log gemm_pairn128_summary.log")
+fi
 if [[ " $what " == *" gemm_smallk "* ]]; then
   # The 128x128 TMA-store tile (CCFUSE_GEMM_TILE_N=128) against the engine's choice (128x256 or
   # 128x192) on the K <= 1792 sweep shapes, where cuBLASLt takes 128x128 (docs/gemm.md, item 8).
@@ -450,9 +462,10 @@ if [[ " $what " == *" gemm_pingpong "* ]]; then
 fi
 if [[ " $what " == *" sanitize "* ]]; then
   # compute-sanitizer (Firecracker machines only, KINDS.md) on the newest kernels' smallest GPU
-  # tests: racecheck (shared memory) and memcheck on the ping-pong GEMM and the chunked MoE
-  # preparation. CCFUSE_SANITIZE_FILTER: another gtest filter.
-  filter=${CCFUSE_SANITIZE_FILTER:-"*48x200x24_bf16_nk_bn128_sms0_row_cl1_tma_pingpong*:*1000x1032x136_bf16_nk_bn128_sms7_row_cl1_tma_pingpong*:*chunk_prep_units*"}
+  # tests: racecheck (shared memory) and memcheck on the GEMM's pairs along N (clean 2026-11-30
+  # 11:00: the ping-pong GEMM and the chunked MoE preparation). CCFUSE_SANITIZE_FILTER: another
+  # gtest filter.
+  filter=${CCFUSE_SANITIZE_FILTER:-"*48x200x24_bf16_nk_bn128_sms0_row_cl0_tma_pairn*:*777x1000x136_bf16_nk_bn96_sms7_row_cl0_tma_pairn*:*48x96x24_fp16_nk_bn96_sms0_row_cl0_tma_pairn*"}
   : > "$OUT/sanitize.log"
   # The tools slow kernels 10-100x: the remote waits' bound goes from 5 s to 120 s (a 5 s
   # watchdog fired under racecheck on 2026-11-30). NCCL's own probing (kernel images for other

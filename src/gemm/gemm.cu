@@ -52,8 +52,9 @@ constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
-  const auto sched = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
-                                          cfg.order == TileOrder::kColumnMajor);
+  auto sched = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
+                                    cfg.order == TileOrder::kColumnMajor);
+  sched.pair_n = Traits::kPairN;  // the pairs' direction is the kernel's (which operand it multicasts)
   const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
   sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{}, sms,
                             stream);
@@ -142,8 +143,18 @@ void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* 
 
 template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK, bool kPingpong>
 void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
-  if (cfg.cluster_m == 2) launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
-  else launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong>>(d, cfg, a, b, c, s);
+  if (cfg.cluster_n == 2) {
+    // Pairs along N: built for the narrow TMA-store tiles only (validate says so first).
+    if constexpr (kTma && !kPingpong && BN <= 128) {
+      launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, false, true>>(d, cfg, a, b, c, s);
+    } else {
+      CCFUSE_ARG_CHECK(false, "cluster_n 2 is not built for the ", BM, "x", BN, " tile");
+    }
+  } else if (cfg.cluster_m == 2) {
+    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
+  } else {
+    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong>>(d, cfg, a, b, c, s);
+  }
 }
 
 template <class E, int BM, int BN, int BK, int S, bool kTma = false, bool kPingpong = false>
@@ -242,6 +253,14 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
                    "whole tiles of the 128x128x64/5 tile with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
                    cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
                    cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "");
+  CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_n == 2, "cluster_n ", cfg.cluster_n, " must be 1 or 2");
+  CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_m == 1, "cluster_n 2 with cluster_m 2 (2x2 clusters) is not built");
+  CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || (cfg.tma_store && (same(kTmaStoreNarrowShape) || same(kTmaStoreN96Shape)) &&
+                                          !cut && !cfg.pingpong),
+                   "cluster_n 2 is built for whole tiles of the 128x128x64/5 and 128x96x64/7 tiles with tma_store, "
+                   "not ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, "/", cfg.stages,
+                   cfg.tma_store ? "" : " without tma_store", cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "",
+                   cfg.pingpong ? " with pingpong" : "");
 }
 
 namespace {
@@ -334,7 +353,7 @@ std::string to_string(const GemmConfig& c) {
   std::ostringstream os;
   os << "block=" << c.block_m << "x" << c.block_n << "x" << c.block_k << " stages=" << c.stages << " sms=" << c.num_sms
      << " order=" << (c.order == TileOrder::kRowMajor ? "row" : "column") << " group_m=" << c.group_m
-     << " cluster=" << c.cluster_m << (c.tma_store ? " epilogue=tma_store" : "")
+     << " cluster=" << c.cluster_m << (c.cluster_n == 2 ? " cluster_n=2" : "") << (c.tma_store ? " epilogue=tma_store" : "")
      << (c.split_k > 1 ? " split_k=" + std::to_string(c.split_k) : std::string()) << (c.stream_k ? " stream_k" : "")
      << (c.pingpong ? " pingpong" : "");
   return os.str();
@@ -432,6 +451,7 @@ GemmDesc as_plain(const GroupedGemmDesc& d) { return make_desc(d.max_rows, d.n, 
 void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1, "cluster_m ", cfg.cluster_m, " is not supported by the grouped GEMM (1 only)");
+  CCFUSE_ARG_CHECK(cfg.cluster_n == 1, "cluster_n ", cfg.cluster_n, " is not supported by the grouped GEMM (1 only)");
   // TMA-store epilogue: whole tiles through TMA, tiles cut by their group's end from registers.
   CCFUSE_ARG_CHECK(!cfg.tma_store || cfg.block_n == 256 || cfg.block_n == 128,
                    "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not ",

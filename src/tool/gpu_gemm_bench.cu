@@ -198,6 +198,7 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=128   128x128x64/5 whole tiles (what cuBLASLt takes for K <= 1024)
 //   CCFUSE_GEMM_PINGPONG=1   128x128x64/5 whole tiles with ping-pong consumers (GemmConfig::pingpong)
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
+//   CCFUSE_GEMM_CLUSTER_N=2  with TILE_N=128 or 96: CTA pairs along N sharing A (GemmConfig::cluster_n)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
 //   CCFUSE_GEMM_GROUP_M=N    the row-major raster in groups of N row tiles (default 8)
@@ -227,6 +228,12 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_PINGPONG") == "1") {
     force(128, 5, false, 1, pairs);
     cfg.pingpong = true;
+  }
+  // CCFUSE_GEMM_CLUSTER_N=2 on top of a 128- or 96-column tile: the CTA pairs along N, sharing A
+  // (GemmConfig::cluster_n).
+  if (env("CCFUSE_GEMM_CLUSTER_N") == "2") {
+    cfg.cluster_m = 1;
+    cfg.cluster_n = 2;
   }
   if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
   if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);

@@ -32,13 +32,14 @@ struct Case {
   int split_k = 0;         // > 0: forced split-K parts; 0 = choose_config's
   bool stream_k = false;   // forced stream-K (choose_config's pick when block_n is 0)
   bool pingpong = false;   // ping-pong consumers (GemmConfig::pingpong; with tma_store and block_n 128)
+  bool pair_n = false;     // CTA pairs along N sharing A (GemmConfig::cluster_n = 2; tma_store, block_n 128 or 96)
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
                          c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster,
                          c.tma_store ? "_tma" : "", c.split_k ? detail::str_cat("_split", c.split_k) : "",
-                         c.stream_k ? "_streamk" : "", c.pingpong ? "_pingpong" : "");
+                         c.stream_k ? "_streamk" : "", c.pingpong ? "_pingpong" : "", c.pair_n ? "_pairn" : "");
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -144,6 +145,10 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
     cfg.tma_store = true;
   }
   cfg.pingpong = c.pingpong;
+  if (c.pair_n) {
+    cfg.cluster_m = 1;
+    cfg.cluster_n = 2;
+  }
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -153,7 +158,7 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   const double err = prob.rel_err();
   EXPECT_LE(err, 1e-2);
   EXPECT_GT(err, 0.0) << "bit-exact against fp64 is suspicious for 16-bit outputs";
-  if (c.pingpong) {
+  if (c.pingpong || c.pair_n) {
     // Back to back into a poisoned C, no host sync between: the same bits (each warpgroup's
     // staging buffer and the mainloop order are reused across calls).
     const size_t nc = size_t(d.m * d.n);
@@ -163,7 +168,7 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
     for (int i = 0; i < 5; ++i) run(d, cfg, prob.a, prob.b, prob.c, nullptr);
     CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
     CCFUSE_CUDA_CHECK(cudaMemcpy(again.data(), prob.c, nc * 2, cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(first == again) << "repeated ping-pong calls changed the result";
+    EXPECT_TRUE(first == again) << "repeated calls changed the result";
   }
 }
 
@@ -268,6 +273,25 @@ std::vector<Case> cases() {
       }
   out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 1, true, 0, false, true});
   out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 8, true, 2, true, 0, false, true});
+  // CTA pairs along N sharing A (GemmConfig::cluster_n = 2; written 2026-11-30, not yet run on a
+  // GPU): odd column-tile counts (the last pair's second tile past N: zeros loaded, A still
+  // multicast, its store dropped), one column tile (every pair's second tile past N), M < 64,
+  // both layouts and dtypes (the 96 tile: B [N, K] only), an odd SM budget (3 pairs), column
+  // order, and the one-wave shapes the narrow tiles are meant for. Each also run back to back.
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
+      out.push_back({1000, 776, 520, t, l, 128, 0, false, 0, true, 0, false, false, true});  // 7 column tiles
+      out.push_back({48, 200, 24, t, l, 128, 0, false, 0, true, 0, false, false, true});
+    }
+    out.push_back({1000, 776, 520, t, BLayout::kNK, 96, 0, false, 0, true, 0, false, false, true});  // 9 column tiles
+    out.push_back({1000, 808, 520, t, BLayout::kNK, 96, 0, false, 0, true, 0, false, false, true});
+    out.push_back({48, 96, 24, t, BLayout::kNK, 96, 0, false, 0, true, 0, false, false, true});  // one column tile
+  }
+  out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, 96, 7, false, 0, true, 0, false, false, true});
+  out.push_back({3000, 5000, 512, DType::kBFloat16, BLayout::kKN, 128, 100, true, 0, true, 0, false, false, true});
+  out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 96, 0, false, 0, true, 0, false, false, true});
+  out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kNK, 96, 0, false, 0, true, 0, false, false, true});
+  out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 0, false, false, true});
   out.push_back({777, 1000, 8, DType::kFloat16, BLayout::kKN, 128, 16, false, 2, true, 0, false, true});
   out.push_back({4096, 4096, 512, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true, 0, false, true});
   out.push_back({16384, 4096, 1024, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true, 0, false, true});
@@ -670,6 +694,52 @@ TEST(GemmValidation, PingpongRules) {
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{16384, 4096, 512}, {1024, 4096, 1024},
                                 {4096, 4096, 4096}})
     EXPECT_FALSE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).pingpong) << m << "x" << n;
+}
+
+// CTA pairs along N (GemmConfig::cluster_n = 2): whole tiles of the 128x128 and 128x96 TMA-store
+// tiles, plain problems, not with cluster_m 2, split-K or ping-pong; choose_config does not pick them.
+TEST(GemmValidation, PairNRules) {
+  const GemmDesc d = make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK);
+  GemmConfig cfg{128, 128, 64, 5};
+  cfg.tma_store = true;
+  cfg.cluster_n = 2;
+  EXPECT_NO_THROW(validate(d, cfg));
+  EXPECT_EQ(to_string(cfg), "block=128x128x64 stages=5 sms=0 order=row group_m=8 cluster=1 cluster_n=2 epilogue=tma_store");
+  GemmConfig n96 = cfg;
+  n96.block_n = 96;
+  n96.stages = 7;
+  EXPECT_NO_THROW(validate(d, n96));
+  const std::string rule = "cluster_n 2 is built for whole tiles of the 128x128x64/5 and 128x96x64/7 tiles with "
+                           "tma_store, not ";
+  struct Bad {
+    int block_n, stages;
+    bool tma_store;
+    int split_k;
+    bool pingpong;
+    const char* what;
+  };
+  for (const Bad& b : {Bad{256, 3, true, 1, false, "128x256x64/3"}, Bad{192, 4, true, 1, false, "128x192x64/4"},
+                       Bad{128, 6, false, 1, false, "128x128x64/6 without tma_store"},
+                       Bad{128, 5, true, 2, false, "128x128x64/5 with split_k"},
+                       Bad{128, 5, true, 1, true, "128x128x64/5 with pingpong"}}) {
+    GemmConfig bad = cfg;
+    bad.block_n = b.block_n;
+    bad.stages = b.stages;
+    bad.tma_store = b.tma_store;
+    bad.split_k = b.split_k;
+    bad.pingpong = b.pingpong;
+    expect_invalid(d, bad, (rule + b.what).c_str());
+  }
+  GemmConfig both = cfg;
+  both.cluster_m = 2;
+  expect_invalid(d, both, "cluster_n 2 with cluster_m 2 (2x2 clusters) is not built");
+  GemmConfig four = cfg;
+  four.cluster_n = 4;
+  expect_invalid(d, four, "cluster_n 4 must be 1 or 2");
+  expect_invalid(two_groups(256, 128, BLayout::kNK), cfg, "cluster_n 2 is not supported by the grouped GEMM (1 only)");
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1280, 8192}, {1024, 1536, 4096},
+                                {4096, 4096, 4096}})
+    EXPECT_EQ(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).cluster_n, 1) << m << "x" << n;
 }
 
 TEST(GemmValidation, RejectsMisalignedPointers) {

@@ -66,6 +66,11 @@ struct GemmConfig {
   TileOrder order = TileOrder::kRowMajor;
   int group_m = 8;
   int cluster_m = 1;  // 2: CTA pairs on adjacent row tiles share B by TMA multicast (plain GEMM only)
+  // 2: CTA pairs on adjacent column tiles share A by TMA multicast instead (plain GEMM, tma_store,
+  // the 128x128 and 128x96 tiles; not with cluster_m 2, split-K, stream-K or pingpong). For
+  // narrow tiles, whose A bytes per FLOP (1/block_n) outweigh B's (1/block_m). An experiment
+  // written 2026-11-30, not yet run on a GPU; choose_config does not pick it (docs/gemm.md).
+  int cluster_n = 1;
   // Epilogue through shared memory and TMA stores, overlapped with the next tile (plain GEMM,
   // 128x256x64 with 3 stages, ldc a multiple of 8). Opt-in until measured (docs/perf-notes.md).
   bool tma_store = false;
@@ -82,8 +87,8 @@ struct GemmConfig {
   bool stream_k = false;
   // Ping-pong consumers (plain problems, tma_store, the 128x128x64/5 tile, whole tiles): each
   // consumer warpgroup computes its own tiles, the two in turn, so that one's epilogue runs under
-  // the other's mainloop (what cuBLASLt's 128x128 kernels do on K <= 1024). An experiment written
-  // 2026-11-30, not yet run on a GPU; choose_config does not pick it (docs/gemm.md).
+  // the other's mainloop (what cuBLASLt's 128x128 kernels do on K <= 1024). Measured 2026-11-30:
+  // correct, no faster than the 128x256 tile; choose_config does not pick it (docs/gemm.md).
   bool pingpong = false;
 };
 

@@ -62,14 +62,21 @@ using namespace cute;
 #endif
 
 template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
-          bool kTmaStore_ = false, bool kPingpong_ = false>
+          bool kTmaStore_ = false, bool kPingpong_ = false, bool kPairN_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
-  // CTAs per cluster along M. With 2, the two CTAs compute vertically adjacent tiles that share
+  // CTAs per cluster (1 or 2). With 2, the two CTAs compute vertically adjacent tiles that share
   // their B tile: each loads half of it and multicasts it to both (a third less L2 traffic).
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs");
+  // kPairN (GemmConfig::cluster_n = 2; an experiment written 2026-11-30): the pair's tiles are
+  // horizontally adjacent instead and share their A tile, each CTA loading half of it and
+  // multicasting it, B loaded whole. A's bytes per FLOP are 1/block_n against B's 1/block_m, so
+  // narrow tiles gain more from sharing A (docs/gemm.md, item 8). Plain problems with the
+  // TMA-store epilogue only (PlainSchedule::pair_n; the TMA store drops a tile past N).
+  static constexpr bool kPairN = kPairN_;
+  static_assert(!kPairN || (kClusterM == 2 && kTmaStore_), "pairs along N are built for clusters of 2 with tma_store");
   static constexpr bool kBNK = kBNK_;  // B stored [N, K] (K-major); else [K, N] (N-major)
   // Epilogue through shared memory and TMA stores (plain problems, PlainEpilogue): the consumers
   // write the tile into a swizzled staging buffer, one thread issues the TMA stores, and nobody
@@ -138,7 +145,10 @@ struct Traits {
     else
       return make_tensor(make_gmem_ptr(b), make_shape(int(n), int(k), groups), make_stride(_1{}, ldb, group_stride));
   }
-  using TmaA = decltype(make_tma_copy(SM90_TMA_LOAD{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0)));
+  // The pair's multicast operand: A along N, B along M (kClusterM CTAs share it).
+  static constexpr int kMulticastA = kPairN ? kClusterM : 1, kMulticastB = kPairN ? 1 : kClusterM;
+  using TmaLoadA = conditional_t<kMulticastA == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
+  using TmaA = decltype(make_tma_copy(TmaLoadA{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0), Int<kMulticastA>{}));
   // C staging: kBlockN / kStoreCols sub-tiles of [kBlockM, kStoreCols], each one swizzled TMA box.
   using SmemAtomC =
       conditional_t<kStoreCols == 64, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
@@ -168,9 +178,9 @@ struct Traits {
     return make_tensor(make_gmem_ptr(c), make_shape(int(m), int(n)), make_stride(ldc, _1{}));
   }
   using TmaC = decltype(make_tma_copy(SM90_TMA_STORE{}, gmem_c(nullptr, 1, 1, 1), SmemLayoutC{}(_, _, 0)));
-  using TmaLoadB = conditional_t<kClusterM == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
+  using TmaLoadB = conditional_t<kMulticastB == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
   using TmaB = decltype(make_tma_copy(TmaLoadB{}, gmem_b(nullptr, 1, 1, 1, 1, 1), SmemLayoutB{}(_, _, 0),
-                                      Int<kClusterM>{}));
+                                      Int<kMulticastB>{}));
 };
 
 // The plain schedule: all tiles of one problem, grouped row-major or column-major.
@@ -194,8 +204,19 @@ struct PlainSchedule {
   // 2-CTA clusters: unit `idx` is a pair of vertically adjacent tiles; CTA `rank` takes row tile
   // 2 * pair + rank. With an odd number of row tiles the last pair's second tile lies past M: it
   // loads zeros, still multicasts its half of B to its partner, and stores nothing.
-  CCFUSE_HD int64_t num_pairs() const { return int64_t((m_tiles + 1) / 2) * n_tiles; }
+  // pair_n (Traits::kPairN, set by the launcher): horizontally adjacent tiles, CTA `rank` taking
+  // column tile 2 * pair + rank; with an odd number of column tiles the last pair's second tile
+  // lies past N: B's loads give zeros, it still multicasts its half of A, its TMA store is dropped.
+  bool pair_n = false;
+  CCFUSE_HD int64_t num_pairs() const {
+    return pair_n ? int64_t(m_tiles) * ((n_tiles + 1) / 2) : int64_t((m_tiles + 1) / 2) * n_tiles;
+  }
   CCFUSE_HD TileWork work_pair(int64_t idx, int rank) const {
+    if (pair_n) {
+      const int n_pairs = (n_tiles + 1) / 2;
+      const TileCoord c = col_major ? column_major(idx, m_tiles) : grouped_row_major(idx, m_tiles, n_pairs, group_m);
+      return TileWork{c.m_tile, 2 * c.n_tile + rank, 0, int64_t(c.m_tile) * block_m, m};
+    }
     const int m_pairs = (m_tiles + 1) / 2;
     const TileCoord c =
         col_major ? column_major(idx, m_pairs) : grouped_row_major(idx, m_pairs, n_tiles, group_m > 1 ? group_m / 2 : 1);
@@ -920,6 +941,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto* empty = reinterpret_cast<EmptyBarrier*>(ss.empty);
 
   constexpr int kCluster = Traits::kClusterM;
+  static_assert(!Traits::kPairN || std::is_same_v<Schedule, PlainSchedule>,
+                "pairs along N are built for plain problems (PlainSchedule::pair_n)");
   // setmaxnreg moves registers within the CTA's launch allocation (168 x 384 threads): what the
   // producer warpgroup gives back must cover what the consumers take, or their
   // setmaxnreg.inc waits forever: 128 * (168 - P) >= 256 * (C - 168).
@@ -1010,17 +1033,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                make_coord(0, _));
         Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
                                make_coord(w.n_tile, _));
-        auto [tAgA, tAsA] = tma_partition(tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA), group_modes<0, 2>(gA));
-        auto [tBgB, tBsB] = tma_partition(tma_b, cta_rank, Layout<Int<kCluster>>{}, group_modes<0, 2>(sB),
-                                          group_modes<0, 2>(gB));
+        // The pair's shared operand is cut in kCluster slices, this CTA loading (and multicasting)
+        // slice cta_rank; the other is loaded whole.
+        auto [tAgA, tAsA] = tma_partition(tma_a, Traits::kPairN ? cta_rank : 0, Layout<Int<Traits::kMulticastA>>{},
+                                          group_modes<0, 2>(sA), group_modes<0, 2>(gA));
+        auto [tBgB, tBsB] = tma_partition(tma_b, Traits::kPairN ? 0 : cta_rank, Layout<Int<Traits::kMulticastB>>{},
+                                          group_modes<0, 2>(sB), group_modes<0, 2>(gB));
         const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
         for (int kb = w.kb_begin; kb < kb_end; ++kb) {
           empty[stage].wait(phase ^ 1);
           full[stage].arrive_and_expect_tx(Traits::kStageBytes);
-          copy(tma_a_tile.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
-          if constexpr (kCluster > 1)
-            copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage]), uint16_t((1 << kCluster) - 1)), tBgB(_, kb),
-                 tBsB(_, stage));
+          constexpr uint16_t kPairMask = uint16_t((1 << kCluster) - 1);
+          if constexpr (Traits::kMulticastA > 1)
+            copy(tma_a_tile.with(*reinterpret_cast<uint64_t*>(&full[stage]), kPairMask), tAgA(_, kb), tAsA(_, stage));
+          else
+            copy(tma_a_tile.with(*reinterpret_cast<uint64_t*>(&full[stage])), tAgA(_, kb), tAsA(_, stage));
+          if constexpr (Traits::kMulticastB > 1)
+            copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage]), kPairMask), tBgB(_, kb), tBsB(_, stage));
           else
             copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage])), tBgB(_, kb), tBsB(_, stage));
           if (++stage == kStages) {
@@ -1240,14 +1269,15 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                  int groups = 1, int64_t group_stride = 0, const void* a_alt = nullptr, int64_t a_alt_rows = 0,
                  bool pdl = false) {
   using E = typename Traits::Element;
-  auto tma_a = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
-                             typename Traits::SmemLayoutA{}(_, _, 0));
+  auto tma_a = make_tma_copy(typename Traits::TmaLoadA{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
+                             typename Traits::SmemLayoutA{}(_, _, 0), Int<Traits::kMulticastA>{});
   auto tma_a_alt = a_alt == nullptr ? tma_a
-                                    : make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_a(static_cast<const E*>(a_alt), a_alt_rows, k, lda),
-                                                    typename Traits::SmemLayoutA{}(_, _, 0));
+                                    : make_tma_copy(typename Traits::TmaLoadA{},
+                                                    Traits::gmem_a(static_cast<const E*>(a_alt), a_alt_rows, k, lda),
+                                                    typename Traits::SmemLayoutA{}(_, _, 0), Int<Traits::kMulticastA>{});
   auto tma_b = make_tma_copy(typename Traits::TmaLoadB{},
                              Traits::gmem_b(static_cast<const E*>(b), n, k, ldb, groups, group_stride ? group_stride : n * k),
-                             typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kClusterM>{});
+                             typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kMulticastB>{});
   // Only the TMA-store epilogue uses it; the others get a descriptor of a valid dummy view (an
   // odd ldc, which they support, would not make a valid TMA descriptor).
   auto tma_c = make_tma_copy(SM90_TMA_STORE{},
