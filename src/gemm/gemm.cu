@@ -52,12 +52,16 @@ constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
-  auto sched = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
-                                    cfg.order == TileOrder::kColumnMajor);
-  sched.pair_n = Traits::kPairN;  // the pairs' direction is the kernel's (which operand it multicasts)
+  const auto sched = sm90::plain_schedule(d.m, d.n, cfg.block_m, cfg.block_n, cfg.group_m,
+                                          cfg.order == TileOrder::kColumnMajor);
   const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
-  sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{}, sms,
-                            stream);
+  if constexpr (Traits::kPairN) {  // the pairs' direction is the kernel's (which operand it multicasts)
+    sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sm90::PairNSchedule{sched},
+                              sm90::PlainEpilogue{}, sms, stream);
+  } else {
+    sm90::launch_gemm<Traits>(d.m, d.n, d.k, a, lda_of(d), b, ldb_of(d), c, ldc_of(d), sched, sm90::PlainEpilogue{},
+                              sms, stream);
+  }
 }
 
 template <class Traits>

@@ -74,7 +74,7 @@ struct Traits {
   // horizontally adjacent instead and share their A tile, each CTA loading half of it and
   // multicasting it, B loaded whole. A's bytes per FLOP are 1/block_n against B's 1/block_m, so
   // narrow tiles gain more from sharing A (docs/gemm.md, item 8). Plain problems with the
-  // TMA-store epilogue only (PlainSchedule::pair_n; the TMA store drops a tile past N).
+  // TMA-store epilogue only (PairNSchedule; the TMA store drops a tile past N).
   static constexpr bool kPairN = kPairN_;
   static_assert(!kPairN || (kClusterM == 2 && kTmaStore_), "pairs along N are built for clusters of 2 with tma_store");
   static constexpr bool kBNK = kBNK_;  // B stored [N, K] (K-major); else [K, N] (N-major)
@@ -204,19 +204,8 @@ struct PlainSchedule {
   // 2-CTA clusters: unit `idx` is a pair of vertically adjacent tiles; CTA `rank` takes row tile
   // 2 * pair + rank. With an odd number of row tiles the last pair's second tile lies past M: it
   // loads zeros, still multicasts its half of B to its partner, and stores nothing.
-  // pair_n (Traits::kPairN, set by the launcher): horizontally adjacent tiles, CTA `rank` taking
-  // column tile 2 * pair + rank; with an odd number of column tiles the last pair's second tile
-  // lies past N: B's loads give zeros, it still multicasts its half of A, its TMA store is dropped.
-  bool pair_n = false;
-  CCFUSE_HD int64_t num_pairs() const {
-    return pair_n ? int64_t(m_tiles) * ((n_tiles + 1) / 2) : int64_t((m_tiles + 1) / 2) * n_tiles;
-  }
+  CCFUSE_HD int64_t num_pairs() const { return int64_t((m_tiles + 1) / 2) * n_tiles; }
   CCFUSE_HD TileWork work_pair(int64_t idx, int rank) const {
-    if (pair_n) {
-      const int n_pairs = (n_tiles + 1) / 2;
-      const TileCoord c = col_major ? column_major(idx, m_tiles) : grouped_row_major(idx, m_tiles, n_pairs, group_m);
-      return TileWork{c.m_tile, 2 * c.n_tile + rank, 0, int64_t(c.m_tile) * block_m, m};
-    }
     const int m_pairs = (m_tiles + 1) / 2;
     const TileCoord c =
         col_major ? column_major(idx, m_pairs) : grouped_row_major(idx, m_pairs, n_tiles, group_m > 1 ? group_m / 2 : 1);
@@ -224,6 +213,19 @@ struct PlainSchedule {
     return TileWork{mt, c.n_tile, 0, int64_t(mt) * block_m, m};
   }
   __device__ bool wait_ready(const TileWork&) { return true; }
+};
+
+// The plain schedule for CTA pairs along N (Traits::kPairN): unit `idx` is a pair of horizontally
+// adjacent tiles, CTA `rank` taking column tile 2 * pair + rank (pairs grouped row-major as
+// above, or column-major). With an odd number of column tiles the last pair's second tile lies
+// past N: its B loads give zeros, it still multicasts its half of A, its TMA stores are dropped.
+struct PairNSchedule : PlainSchedule {
+  CCFUSE_HD int64_t num_pairs() const { return int64_t(m_tiles) * ((n_tiles + 1) / 2); }
+  CCFUSE_HD TileWork work_pair(int64_t idx, int rank) const {
+    const int n_pairs = (n_tiles + 1) / 2;
+    const TileCoord c = col_major ? column_major(idx, m_tiles) : grouped_row_major(idx, m_tiles, n_pairs, group_m);
+    return TileWork{c.m_tile, 2 * c.n_tile + rank, 0, int64_t(c.m_tile) * block_m, m};
+  }
 };
 
 // Grouped problems sharing N and K (MoE experts): group g owns rows [row_prefix[g],
@@ -941,8 +943,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto* empty = reinterpret_cast<EmptyBarrier*>(ss.empty);
 
   constexpr int kCluster = Traits::kClusterM;
-  static_assert(!Traits::kPairN || std::is_same_v<Schedule, PlainSchedule>,
-                "pairs along N are built for plain problems (PlainSchedule::pair_n)");
+  static_assert(Traits::kPairN == std::is_same_v<Schedule, PairNSchedule>,
+                "pairs along N (Traits::kPairN) go with PairNSchedule, and only they");
   // setmaxnreg moves registers within the CTA's launch allocation (168 x 384 threads): what the
   // producer warpgroup gives back must cover what the consumers take, or their
   // setmaxnreg.inc waits forever: 128 * (168 - P) >= 256 * (C - 168).
