@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <tuple>
@@ -659,6 +660,28 @@ TEST(GemmValidation, N96TileRules) {
   }
 }
 
+// A config changed in its tile, epilogue, split-K or ping-pong, and the message each change must
+// raise: `rule` followed by the variant's `what`.
+struct ConfigVariant {
+  int block_n, stages;
+  bool tma_store;
+  int split_k;
+  bool pingpong;
+  const char* what;
+};
+void expect_variants_invalid(const GemmDesc& d, const GemmConfig& base, const std::string& rule,
+                             std::initializer_list<ConfigVariant> variants) {
+  for (const ConfigVariant& v : variants) {
+    GemmConfig bad = base;
+    bad.block_n = v.block_n;
+    bad.stages = v.stages;
+    bad.tma_store = v.tma_store;
+    bad.split_k = v.split_k;
+    bad.pingpong = v.pingpong;
+    expect_invalid(d, bad, (rule + v.what).c_str());
+  }
+}
+
 // Ping-pong consumers (GemmConfig::pingpong): whole tiles of the 128x128x64/5 TMA-store tile,
 // plain problems; choose_config does not pick them.
 TEST(GemmValidation, PingpongRules) {
@@ -670,23 +693,12 @@ TEST(GemmValidation, PingpongRules) {
   cfg.cluster_m = 2;
   EXPECT_NO_THROW(validate(d, cfg));
   EXPECT_EQ(to_string(cfg), "block=128x128x64 stages=5 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store pingpong");
-  const std::string rule = "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not ";
-  struct Bad {
-    int block_n, stages;
-    bool tma_store;
-    int split_k;
-    const char* what;
-  };
-  for (const Bad& b : {Bad{256, 3, true, 1, "128x256x64/3"}, Bad{128, 6, false, 1, "128x128x64/6 without tma_store"},
-                       Bad{128, 5, true, 2, "128x128x64/5 with split_k"}}) {
-    GemmConfig bad = cfg;
-    bad.cluster_m = 1;
-    bad.block_n = b.block_n;
-    bad.stages = b.stages;
-    bad.tma_store = b.tma_store;
-    bad.split_k = b.split_k;
-    expect_invalid(d, bad, (rule + b.what).c_str());
-  }
+  GemmConfig single = cfg;
+  single.cluster_m = 1;
+  expect_variants_invalid(d, single, "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not ",
+                          {{256, 3, true, 1, true, "128x256x64/3"},
+                           {128, 6, false, 1, true, "128x128x64/6 without tma_store"},
+                           {128, 5, true, 2, true, "128x128x64/5 with split_k"}});
   GemmConfig grouped = cfg;
   grouped.cluster_m = 1;
   expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,
@@ -709,27 +721,14 @@ TEST(GemmValidation, PairNRules) {
   n96.block_n = 96;
   n96.stages = 7;
   EXPECT_NO_THROW(validate(d, n96));
-  const std::string rule = "cluster_n 2 is built for whole tiles of the 128x128x64/5 and 128x96x64/7 tiles with "
-                           "tma_store, not ";
-  struct Bad {
-    int block_n, stages;
-    bool tma_store;
-    int split_k;
-    bool pingpong;
-    const char* what;
-  };
-  for (const Bad& b : {Bad{256, 3, true, 1, false, "128x256x64/3"}, Bad{192, 4, true, 1, false, "128x192x64/4"},
-                       Bad{128, 6, false, 1, false, "128x128x64/6 without tma_store"},
-                       Bad{128, 5, true, 2, false, "128x128x64/5 with split_k"},
-                       Bad{128, 5, true, 1, true, "128x128x64/5 with pingpong"}}) {
-    GemmConfig bad = cfg;
-    bad.block_n = b.block_n;
-    bad.stages = b.stages;
-    bad.tma_store = b.tma_store;
-    bad.split_k = b.split_k;
-    bad.pingpong = b.pingpong;
-    expect_invalid(d, bad, (rule + b.what).c_str());
-  }
+  expect_variants_invalid(d, cfg,
+                          "cluster_n 2 is built for whole tiles of the 128x128x64/5 and 128x96x64/7 tiles with "
+                          "tma_store, not ",
+                          {{256, 3, true, 1, false, "128x256x64/3"},
+                           {192, 4, true, 1, false, "128x192x64/4"},
+                           {128, 6, false, 1, false, "128x128x64/6 without tma_store"},
+                           {128, 5, true, 2, false, "128x128x64/5 with split_k"},
+                           {128, 5, true, 1, true, "128x128x64/5 with pingpong"}});
   GemmConfig both = cfg;
   both.cluster_m = 2;
   expect_invalid(d, both, "cluster_n 2 with cluster_m 2 (2x2 clusters) is not built");
