@@ -277,7 +277,8 @@ if [[ " $what " == *" moe_diag "* ]]; then
   # l0plain / l0sw / l0ready (layer 0's GEMM, no dispatch or waits, with a plain grouped schedule
   # and epilogue / with its idle send warps / with its ready schedule),
   # l1gemm (layer 1 without the pre-sum and combine kernels), l1presum (without the combine kernel),
-  # l0sendonly (layer 0's kernel without tiles: its send warps' dispatch alone).
+  # l0sendonly (layer 0's kernel without tiles: its send warps' dispatch alone), l0nolocal (the
+  # send warps skip the rows this rank owns: the local copy's cost).
   # One line per (variant, model).
   : > "$OUT/moe_diag.jsonl"; : > "$OUT/moe_diag.log"
   for diag in ${CCFUSE_MOE_DIAGS:-none l0pre nowait nosend l1gemm}; do

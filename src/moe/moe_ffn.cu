@@ -389,6 +389,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   __device__ void send(const gemm::TileWork&, int, int) const {}
   __device__ void notify_sent(const gemm::TileWork&) const {}
   bool diag_no_send = false;  // CCFUSE_MOE_DIAG=nosend: timing experiments only (wrong results)
+  // CCFUSE_MOE_DIAG=l0nolocal: the rows this rank owns are not copied (the flags still go up): the
+  // cost of the local half of the copy (HBM to HBM) against the remote half. Wrong results.
+  bool diag_no_local = false;
   // All-gather mode (MoeDispatch::kAllGather): ag_prologue instead of the all-to-all sends.
   bool allgather = false;
   int64_t num_tokens = 0;            // this rank's
@@ -488,7 +491,8 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
         const int64_t r = i - rows_base[lo];  // row in this rank's block of expert xg
         const int32_t entry = send_list[i];
         const int64_t dest = block_begin[xg] + r;
-        copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
+        if (!diag_no_local || owner != geo.rank)
+          copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
         if (lane == 0) {
           row_src[owner][dest] = make_int2(geo.rank, entry);
           row_w[owner][dest] = topk_w[entry];
@@ -554,7 +558,8 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       for (int r = warp; r < rows; r += warps) {
         const int32_t held = select4(mine, r / 32);
         const int32_t entry = __shfl_sync(0xffffffffu, held, r % 32);
-        copy_row(x + int64_t(entry / geo.topk) * geo.hidden, to + int64_t(r) * geo.hidden, vecs, lane);
+        if (!diag_no_local || owner != geo.rank)
+          copy_row(x + int64_t(entry / geo.topk) * geo.hidden, to + int64_t(r) * geo.hidden, vecs, lane);
         if (lane == 0) {
           row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
           row_w[owner][dest0 + r] = topk_w[entry];
@@ -1234,6 +1239,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   auto fill = [&](auto& epi) {
     epi.diag_no_send = no_send;
+    epi.diag_no_local = diag != nullptr && std::strstr(diag, "l0nolocal") != nullptr;
     epi.geo = s.geo;
     epi.sig = sched.sig;
     epi.x = static_cast<const E*>(x);
