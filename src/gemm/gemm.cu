@@ -42,12 +42,13 @@ constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
 // 80 -> 98 %, 1024x2560x8192 69 -> 92 % of cuBLASLt; 8192x14336x8192 100 -> 109 %; half a wave
 // (1024x1536x4096) 79 -> 60 %.
 constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
-// The 96-column TMA-store tile (opt-in, choose_config does not pick it): for one-wave problems
+// The 96-column TMA-store tile (choose_config picks it for one-wave B [N, K] problems where it
+// fills the wave much better, since 2026-11-30 12:40): for one-wave problems
 // where cuBLASLt takes 96- or 80-column tiles. 7 stages: 7 x 28 KiB of A/B + 24 KiB of C staging
 // (32-column TMA boxes, 64-byte swizzle) = 221 KiB. B [N, K] only: B [K, N] is loaded in
 // 64-column swizzle atoms. Measured 2026-11-30: 1024x1280x8192 70 -> 82 % of cuBLASLt, but
-// 1024x1536x4096 86 -> 83 % and ~0.8 of the wide tile's speed per FLOP elsewhere (4096^3: 81 %),
-// so the wave model cannot tell its one win from its losses.
+// 1024x1536x4096 86 -> 83 % (81.8 against the 128 tile's 78.5 in other runs: a tie within the
+// runs' spread) and ~0.8 of the wide tile's speed per FLOP elsewhere (4096^3: 81 %).
 constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 
 template <class Traits>
@@ -299,7 +300,8 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape wide = tma_ok ? kTmaStoreShape : kTileShapes[0];
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
-  const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 1.03;
+  const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 1.03,
+               eff_96 = 0.81;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
@@ -307,7 +309,15 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
     const Option whole_192{kTmaStoreN192Shape, true, false,
                            waves(tiles_of(kTmaStoreN192Shape)) * double(k_tiles) * 1.5 / eff_192};
     if (whole_192.time < best.time * (1 - 1e-9)) best = whole_192;
-    // Not the 128x96 tile (kTmaStoreN96Shape): measured slower but on one shape.
+    // The 128x96 tile (B [N, K] only) at 0.81 of the wide tile per FLOP (4096^3 in CTA pairs:
+    // 78.8 against 96.8 % of cuBLASLt, 2026-11-30 12:30; 0.82 in the first run): it wins only
+    // where its tiles fill a wave that the wider tiles leave mostly empty (1024x1280x8192: 112
+    // tiles against 80; measured 70 -> 81-82 % of cuBLASLt in two runs).
+    if (d.b_layout == BLayout::kNK) {
+      const Option whole_96{kTmaStoreN96Shape, true, false,
+                            waves(tiles_of(kTmaStoreN96Shape)) * double(k_tiles) * 0.75 / eff_96};
+      if (whole_96.time < best.time * (1 - 1e-9)) best = whole_96;
+    }
   }
   if (tma_ok && !grouped && k_tiles >= 4) {
     const StreamKPlan sk = make_stream_k_plan(tiles_of(narrow), int(k_tiles), sms);

@@ -461,12 +461,25 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_EQ(few.stages, 5);
   EXPECT_EQ(few.cluster_m, 1);
   EXPECT_NO_THROW(validate(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), few));
-  // Twice the tiles would take two waves: whole narrow tiles in CTA pairs.
+  // Twice the tiles would take two waves: whole tiles in CTA pairs, 128 of 96 columns (one wave)
+  // rather than 96 of 128.
   const GemmConfig two_waves = choose_config(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), 132);
   EXPECT_EQ(two_waves.split_k, 1);
   EXPECT_FALSE(two_waves.stream_k);
-  EXPECT_EQ(two_waves.block_n, 128);
+  EXPECT_EQ(two_waves.block_n, 96);
+  EXPECT_EQ(two_waves.stages, 7);
   EXPECT_EQ(two_waves.cluster_m, 2);
+  EXPECT_EQ(two_waves.cluster_n, 1);
+  EXPECT_NO_THROW(validate(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), two_waves));
+  // 112 tiles of 96 columns against 80 of 128 (1024x1280x8192: 70 -> 81 % of cuBLASLt); B [K, N]
+  // cannot take the 96 tile (64-column swizzle atoms).
+  EXPECT_EQ(choose_config(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 96);
+  const GemmConfig kn = choose_config(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kKN), 132);
+  EXPECT_EQ(kn.block_n % 64, 0);
+  EXPECT_NO_THROW(validate(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kKN), kn));
+  // Where the wider tiles fill the waves, not the 96 tile.
+  EXPECT_NE(choose_config(make_desc(1024, 3584, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 96);
+  EXPECT_NE(choose_config(make_desc(4096, 4096, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 96);
   // 384 narrow tiles take 3 waves, 256 tiles of 128x192 take 2 (measured 2026-11-30: 97.4 ->
   // 99.7 % of cuBLASLt), no stream-K.
   const GemmConfig mid = choose_config(make_desc(8192, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
@@ -652,10 +665,12 @@ TEST(GemmValidation, N96TileRules) {
   EXPECT_THROW(validate(d, other), InvalidArgument);
   expect_invalid(two_groups(192, 128, BLayout::kNK), cfg,
                  "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x96");
-  // Opt-in: choose_config keeps its picks on the shapes the tile is meant for.
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1536, 4096}, {1024, 1280, 8192},
-                                {1024, 768, 4096}}) {
-    EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n, 96) << m << "x" << n;
+  // choose_config: the one-wave B [N, K] shapes the tile is meant for take it (1024x768x4096 keeps
+  // split-K in 2), B [K, N] never does.
+  for (const auto& [m, n, k, picked] : {std::tuple<int64_t, int64_t, int64_t, bool>{1024, 1536, 4096, true},
+                                        {1024, 1280, 8192, true}, {1024, 768, 4096, false}}) {
+    EXPECT_EQ(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n == 96, picked)
+        << m << "x" << n;
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132).block_n, 96) << m << "x" << n;
   }
 }
