@@ -399,7 +399,8 @@ const char* const kUsage =
     "  --print-config: the MoE tuner's choice (moe_tuner.h) and why, per case, then exit; no GPU needed.\n"
     "  Env overrides of the tuner (A/B runs): CCFUSE_MOE_COMBINE=presum|perslot,\n"
     "  CCFUSE_MOE_SEND_ORDER=interleave|owner.\n"
-    "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment).\n"
+    "  CCFUSE_MOE_DISPATCH_MODE=allgather: layer 0's all-gather dispatch (experiment); =gather: the same,\n"
+    "    its GEMM reading the rows in place (no local permute; experiment).\n"
     "  CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store every tile from registers.\n"
     "  CCFUSE_MOE_L0_ORDER=expert|local: layer 0's tiles expert by expert or local-first (not the tuner's).\n"
     "  CCFUSE_MOE_STRIPED=1|0: layer 0's striped dispatch or the dispatch by units (not the tuner's).\n"
@@ -652,8 +653,12 @@ int main(int argc, char** argv) {
               cfg.combine = choice.combine == "presum" ? moe::MoeCombine::kPresum : moe::MoeCombine::kPerSlot;
               cfg.interleave_sends = choice.send_order == "interleaved";
               // CCFUSE_MOE_DISPATCH_MODE=allgather: the all-gather dispatch (opt-in: measured slower).
-              cfg.dispatch = env_or("CCFUSE_MOE_DISPATCH_MODE", "") == "allgather" ? moe::MoeDispatch::kAllGather
-                                                                                   : moe::MoeDispatch::kAllToAll;
+              // CCFUSE_MOE_DISPATCH_MODE=gather: the same with layer 0 reading its rows in place
+              // (MoeFfnConfig::gather_rows; an experiment).
+              const std::string mode = env_or("CCFUSE_MOE_DISPATCH_MODE", "");
+              cfg.dispatch = mode == "allgather" || mode == "gather" ? moe::MoeDispatch::kAllGather
+                                                                     : moe::MoeDispatch::kAllToAll;
+              cfg.gather_rows = mode == "gather";
               // CCFUSE_MOE_TMA_STORE=0: the layers' grouped GEMMs store from registers (A/B).
               cfg.tma_store = env_or("CCFUSE_MOE_TMA_STORE", "") != "0";
               // Layer 0's dispatch: the tuner's; CCFUSE_MOE_STRIPED=1|0 forces striped or by units (A/B).

@@ -321,6 +321,7 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == *interleave* ]] && order=interleave
     [[ $variant == owner ]] && order=owner
     [[ $variant == allgather ]] && mode=allgather
+    [[ $variant == gather ]] && mode=gather  # all-gather, layer 0 reading its rows in place (MoeFfnConfig::gather_rows)
     l0order=""; [[ $variant == expertorder || $variant == stripedinter ]] && l0order=expert
     striped=""; [[ $variant == striped* ]] && striped=1
     [[ $variant == stripedinter ]] && order=interleave

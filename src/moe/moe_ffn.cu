@@ -368,6 +368,40 @@ struct L0Schedule : gemm::sm90::GroupedSchedule {
   }
 };
 
+// All-gather mode with MoeFfnConfig::gather_rows: the grouped GEMM's producer warp gathers each
+// tile's A rows where they lie (gemm::sm90 Schedule::kGatherA): this rank's tokens from x, a
+// peer's from its slot of this rank's gathered buffer, once that token's chunk has arrived (a
+// wait per row on the chunk's flag, each lane for its own rows: its acquire orders its own loads).
+struct L0GatherSchedule : L0Schedule {
+  static constexpr bool kGatherA = true;
+  static constexpr int kRowsPerLane = kBlockM / 32;
+  const E* x = nullptr;           // [T, H]
+  const E* gath_local = nullptr;  // [W][max_tokens][H]
+  const int2* row_src = nullptr;  // local: (source, entry) of every receive row
+  __device__ bool gather_rows(const gemm::TileWork& w, int lane, const char* (&rows)[kRowsPerLane],
+                              unsigned& valid) {
+    if (epoch == 0) epoch = comm::current_epoch(sig);
+    bool ok = true;
+    valid = 0;
+#pragma unroll
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      const int64_t row = w.row0 + lane + 32 * i;
+      rows[i] = reinterpret_cast<const char*>(gath_local);  // readable; zero-filled past the tile's rows
+      if (row >= w.row_end) continue;
+      const int2 se = row_src[row];
+      const int64_t tok = se.y / geo.topk;
+      if (se.x == geo.rank) {
+        rows[i] = reinterpret_cast<const char*>(x + tok * geo.hidden);
+      } else {
+        if (!diag_no_wait && ok) ok = comm::wait(sig, geo.gather_flag(se.x, tok / kChunkRows), epoch, se.x);
+        rows[i] = reinterpret_cast<const char*>(gath_local + (int64_t(se.x) * geo.max_tokens + tok) * geo.hidden);
+      }
+      valid |= 1u << i;
+    }
+    return ok;
+  }
+};
+
 // Stores layer 0's tile (activation on the way) locally; the send warps do the dispatch before
 // the first tile: chunk u of this rank's send order -> its owner's receive buffer, then its flag.
 template <gemm::sm90::Activation kAct>
@@ -394,6 +428,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   bool diag_no_local = false;
   // All-gather mode (MoeDispatch::kAllGather): ag_prologue instead of the all-to-all sends.
   bool allgather = false;
+  bool gather_rows = false;  // MoeFfnConfig::gather_rows: phase 1 only (the GEMM reads rows in place)
   int64_t num_tokens = 0;            // this rank's
   E* gath[kMaxMoeRanks] = {};        // every rank's gathered tokens [W][max_tokens][H]
   const int32_t* counts = nullptr;   // local [W][E]
@@ -422,6 +457,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
       if (tid == 0) comm::notify(sig, p, geo.gather_flag(geo.rank, c), e);
     }
+    if (gather_rows) return;
     const int units = perm_base[geo.world * geo.epr];
     const DispatchPlan plan{counts, geo.world, geo.experts};
     for (int64_t u = cta; u < units; u += num_ctas) {
@@ -961,6 +997,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
+  CCFUSE_ARG_CHECK(!cfg.gather_rows || cfg.dispatch == MoeDispatch::kAllGather,
+                   "gather_rows needs dispatch = kAllGather (all-to-all puts each row in its final place already)");
   CCFUSE_ARG_CHECK(d.num_experts >= 1, "num_experts ", d.num_experts, " must be at least 1");
   CCFUSE_ARG_CHECK(d.num_experts <= 1024, "num_experts ", d.num_experts, " exceeds 1024 (the counts matrix of the "
                    "exchange kernel lives in shared memory)");
@@ -1091,7 +1129,10 @@ std::string MoeFfn::describe() const {
   std::ostringstream os;
   const MoeFfnDesc& d = s_->desc;
   const bool allgather = s_->cfg.dispatch == MoeDispatch::kAllGather;
-  os << "moe_ffn v1 dispatch=" << (allgather ? "allgather(tokens to every rank, local permute; opt-in)" : "alltoall")
+  os << "moe_ffn v1 dispatch="
+     << (allgather ? (s_->cfg.gather_rows ? "allgather(tokens to every rank, rows read in place by the GEMM; opt-in)"
+                                          : "allgather(tokens to every rank, local permute; opt-in)")
+                   : "alltoall")
      << (!allgather && s_->geo.interleaved ? "(send order interleaved)" : "")
      << (s_->cfg.tma_store ? " block=128x256x64 stages=3 epilogue=tma_store(layer0"
                            : " block=128x256x64 stages=4 epilogue=registers")
@@ -1264,6 +1305,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
       epi.perm_base = s.plan.perm_base;
       epi.row_src_local = static_cast<const int2*>(s.row_src->local());
       epi.recv_local = static_cast<E*>(s.recv->local());
+      epi.gather_rows = s.cfg.gather_rows;
     }
   };
   using gemm::sm90::Activation;
@@ -1299,7 +1341,25 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_CUDA_CHECK_LAUNCH();
     return;
   }
-  if (d.swiglu) {
+  if (allgather && s.cfg.gather_rows) {
+    L0GatherSchedule gs;
+    static_cast<L0Schedule&>(gs) = sched;
+    gs.x = static_cast<const E*>(x);
+    gs.gath_local = static_cast<const E*>(s.gath->local());
+    gs.row_src = static_cast<const int2*>(s.row_src->local());
+    // A's descriptor (recv) is built but unused: the producer warp gathers the rows.
+    if (d.swiglu) {
+      L0Epilogue<Activation::kSiluMul> epi;
+      fill(epi);
+      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, gs, epi,
+                   sms, s.geo.epr, stream);
+    } else {
+      L0Epilogue<Activation::kNone> epi;
+      fill(epi);
+      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, gs, epi,
+                   sms, s.geo.epr, stream);
+    }
+  } else if (d.swiglu) {
     L0Epilogue<Activation::kSiluMul> epi;
     fill(epi);
     launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi,

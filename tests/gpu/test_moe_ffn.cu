@@ -89,6 +89,7 @@ struct Case {
   MoeCombine combine = MoeCombine::kPerSlot;  // the per-slot cases name it; presum_* the other
   bool interleave_sends = false;
   MoeDispatch dispatch = MoeDispatch::kAllToAll;
+  bool gather_rows = false;  // MoeFfnConfig::gather_rows (all-gather only)
   bool tma_store = true;  // MoeFfnConfig::tma_store
   int presum_ctas = 0;    // MoeFfnConfig::presum_ctas
   int local_first = -1;  // MoeFfnConfig::local_first
@@ -286,6 +287,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.stripe_rows = c.stripe_rows;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
+    config.gather_rows = c.gather_rows;
     cudaStream_t s;
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const DevPtr x = upload(rd.x), ids = upload(rd.ids), decoy = upload(rd.decoy_ids), tw = upload(rd.weights);
@@ -412,9 +414,14 @@ std::vector<Case> cases() {
   // The all-gather dispatch (MoeDispatch::kAllGather; opt-in, passed on 2x H200 2026-11-30):
   // both combines, top-1 to top-8, drops, a rank with no tokens, uneven counts past one 128-token
   // chunk, kNK, and few CTAs (each takes several push and permute units).
+  // Each also with layer 0 reading its rows in place (MoeFfnConfig::gather_rows, written
+  // 2026-11-30: the grouped GEMM's producer warp gathers A by row, no permute).
   const auto ag = [&](Case c) {
     c.name = "allgather_" + c.name;
     c.dispatch = MoeDispatch::kAllGather;
+    v.push_back(c);
+    c.name = "gather_rows_" + c.name.substr(10);
+    c.gather_rows = true;
     v.push_back(c);
   };
   ag({"uniform_top2", 512, 256, 8, 2, true, BLayout::kKN, Route::kUniform, {300}});
@@ -550,6 +557,8 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.local_first = 2; })); }, "local_first");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.striped_dispatch = -2; })); },
                     "striped_dispatch");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.gather_rows = true; })); },
+                    "gather_rows needs dispatch = kAllGather");
 
     MoeFfn op(team, good);
     const int64_t t = good.max_tokens + 1, h = good.hidden, f = good.ffn;

@@ -791,6 +791,29 @@ struct HasAltA : std::false_type {};
 template <class S>
 struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kHasAltA> {};
 
+// Schedule::kGatherA: A's rows are not one strided matrix but gathered row by row (the MoE
+// layer 0 reading its tokens where they lie: docs/moe-layers.md, "rows read in place"). The
+// whole producer warp loads A with 16-byte cp.async into the stage's 128-byte-swizzled layout
+// (gather_a_offset), B still by TMA; the schedule's
+//   bool gather_rows(const TileWork& w, int lane, const char* (&rows)[kBlockM / 32], unsigned& valid)
+// gives lane `lane` the addresses of tile rows lane + 32 i (bit i of `valid` set for real rows;
+// the others hold any readable address and are zero-filled) once they may be read (false: the
+// watchdog fired). Unclustered, whole tiles, not ping-pong.
+template <class S, class = void>
+struct HasGatherA : std::false_type {};
+template <class S>
+struct HasGatherA<S, std::void_t<decltype(S::kGatherA)>> : std::bool_constant<S::kGatherA> {};
+
+// The byte offset in the A stages of the 16-byte chunk `chunk` (columns 8 chunk .. 8 chunk + 7 of
+// the k-block) of tile row `row` in stage `stage`: rows of 128 bytes (one swizzle atom along K),
+// stages one after the other, the chunk's index XORed with row % 8 (the 128-byte swizzle, on the
+// 1 KiB-aligned buffer). Checked equal to CuTe's SmemLayoutA for every element
+// (tests/cpp/gemm/test_store_swizzle.cu).
+template <int kBlockM>
+CCFUSE_HD constexpr int gather_a_offset(int row, int chunk, int stage) {
+  return stage * kBlockM * 128 + row * 128 + ((chunk ^ (row % 8)) << 4);
+}
+
 // Schedule::kHasFixup: tiles cut along K over several CTAs (KPartSchedule). Absent = no.
 template <class S, class = void>
 struct HasFixup : std::false_type {};
@@ -886,13 +909,17 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // A tile's mainloop from (stage, phase): k-blocks [kb_begin, kb_end), each batch of wgmmas kept in
 // flight while the next is issued, each stage released once the batch after it is issued. Returns
 // the last stage, which the caller releases after warpgroup_wait<0>.
-template <int kStages, class Mma, class FragA, class FragB, class Accum, class Full, class Release>
+// kProxyFence (Schedule::kGatherA): the stage's A was written by cp.async (the generic proxy) and
+// wgmma reads it through the async proxy: a proxy fence after the acquire.
+template <int kStages, bool kProxyFence = false, class Mma, class FragA, class FragB, class Accum, class Full,
+          class Release>
 __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
                                         int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release) {
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   int prev_stage = -1;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     full[stage].wait(phase);
+    if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     warpgroup_fence_operand(accum);
     warpgroup_arrive();
     CUTE_UNROLL
@@ -945,6 +972,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kCluster = Traits::kClusterM;
   static_assert(Traits::kPairN == std::is_same_v<Schedule, PairNSchedule>,
                 "pairs along N (Traits::kPairN) go with PairNSchedule, and only they");
+  constexpr bool kGatherA = HasGatherA<Schedule>::value;
+  static_assert(!kGatherA || (kCluster == 1 && !Traits::kPingpong && !HasFixup<Schedule>::value &&
+                              !HasAltA<Schedule>::value && Traits::kBlockM % 32 == 0),
+                "gathered A rows are built for unclustered whole tiles");
   // setmaxnreg moves registers within the CTA's launch allocation (168 x 384 threads): what the
   // producer warpgroup gives back must cover what the consumers take, or their
   // setmaxnreg.inc waits forever: 128 * (168 - P) >= 256 * (C - 168).
@@ -959,7 +990,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      full[s].init(1);  // the producer's arrive_and_expect_tx
+      // The producer's arrive_and_expect_tx; with gathered A also one cp.async arrival per lane of
+      // the producer warp (.noinc: counted here).
+      full[s].init(kGatherA ? 1 + 32 : 1);
       // Unclustered: every consumer thread releases. Clustered: one lane per consumer warp of
       // each CTA of the cluster (the stage is refilled by multicasts from both).
       // Ping-pong: one warpgroup consumes each stage.
@@ -1008,7 +1041,60 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---------------- producer ----------------
     // With send warps the producer warpgroup keeps more registers for their copy loops.
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if (kGatherA && threadIdx.x < 32) {
+      if constexpr (kGatherA) {
+        // ---------------- producer warp, A gathered ----------------
+        const int lane = threadIdx.x;
+        Schedule producer_sched = sched;
+        Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
+        constexpr int kRows = Traits::kBlockM / 32;
+        constexpr int kChunks = Traits::kBlockK * int(sizeof(Element)) / 16;
+        constexpr uint32_t kBytesB = uint32_t(Traits::kBlockN * Traits::kBlockK * sizeof(Element));
+        const uint32_t sa = cute::cast_smem_ptr_to_uint(ss.a);
+        const int64_t row_bytes = int64_t(p.k) * int64_t(sizeof(Element));
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int64_t t = unit_start; t < num_units; t += unit_stride) {
+          const TileWork w = work_of(t);
+          const char* rows[kRows];
+          unsigned valid = 0;
+          // On a watchdog timeout load anyway (as wait_ready above): the host raises the error.
+          (void)producer_sched.gather_rows(w, lane, rows, valid);
+          Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
+                                 make_coord(w.n_tile, _));
+          auto [tBgB, tBsB] = tma_partition(tma_b, 0, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
+          const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
+          for (int kb = w.kb_begin; kb < kb_end; ++kb) {
+            empty[stage].wait(phase ^ 1);
+            const int64_t col0 = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element));
+#pragma unroll
+            for (int i = 0; i < kRows; ++i) {
+              const int r = lane + 32 * i;
+#pragma unroll
+              for (int c = 0; c < kChunks; ++c) {
+                const int64_t off = col0 + 16 * c;
+                const bool real = ((valid >> i) & 1u) != 0 && off < row_bytes;
+                const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, c, stage));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                             "l"(real ? rows[i] + off : rows[i]), "r"(real ? 16 : 0)
+                             : "memory");
+              }
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                             cute::cast_smem_ptr_to_uint(&full[stage]))
+                         : "memory");
+            if (lane == 0) {
+              full[stage].arrive_and_expect_tx(kBytesB);
+              copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage])), tBgB(_, kb), tBsB(_, stage));
+            }
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1;
+            }
+          }
+        }
+      }
+    } else if (!kGatherA && threadIdx.x == 0) {
       Schedule producer_sched = sched;  // the producer's own copy: ready schedules cache state in it
       Tensor mA = tma_a.get_tma_tensor(make_shape(p.m, p.k));
       Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
@@ -1153,7 +1239,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
-      const int prev_stage = mainloop<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release);
+      const int prev_stage =
+          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release);
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);

@@ -118,6 +118,12 @@ struct MoeFfnConfig {
   // estimate (presum_ctas_for). Beside the GEMM measured slower, 2026-11-30: the sliced order
   // costs the GEMM its L2 reuse of A and the side CTAs their SMs (Mixtral layer 1 2.39 vs 1.76 ms).
   int presum_ctas = 0;
+  // All-gather mode only (dispatch = kAllGather): layer 0's grouped GEMM reads each row where it
+  // lies (this rank's tokens in x, the peers' in the gathered buffer), its producer warp gathering
+  // A row by row (cp.async) instead of TMA loads of a permuted copy: no local permute at all, so
+  // one row per token and peer over the links and no HBM copy. An experiment (written
+  // 2026-11-30, docs/moe-layers.md "rows read in place"); false: the permute, as measured before.
+  bool gather_rows = false;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.

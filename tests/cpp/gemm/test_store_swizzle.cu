@@ -102,5 +102,34 @@ TEST(GemmStoreSwizzle, N96TileShape) {
   EXPECT_EQ(T::kSmemBytes, size_t(221 * 1024)) << "7 x 28 KiB of A/B + 24 KiB of C staging, barriers in the padding";
 }
 
+// Gathered A (Schedule::kGatherA): the producer warp's cp.async writes each 16-byte chunk of a row
+// at gather_a_offset(row, chunk, stage); wgmma reads the stages through CuTe's SmemLayoutA. Every
+// element of every stage must land where CuTe puts it, once.
+template <class Traits>
+void check_gather_a_addresses() {
+  using E = typename Traits::Element;
+  constexpr int kBM = Traits::kBlockM, kBK = Traits::kBlockK, kStages = Traits::kStages;
+  SCOPED_TRACE(::testing::Message() << "A stages " << kBM << "x" << kBK << " x " << kStages);
+  alignas(1024) static E buf[kBM * kBK * kStages];
+  Tensor sA = make_tensor(make_smem_ptr(buf), typename Traits::SmemLayoutA{});
+  const char* base = reinterpret_cast<const char*>(buf);
+  std::vector<int> hits(size_t(kBM) * kBK * kStages, 0);
+  for (int st = 0; st < kStages; ++st)
+    for (int row = 0; row < kBM; ++row)
+      for (int col = 0; col < kBK; ++col) {
+        const int ours = gather_a_offset<kBM>(row, col / 8, st) + (col % 8) * int(sizeof(E));
+        const auto cute = reinterpret_cast<const char*>(&sA(row, col, st)) - base;
+        ASSERT_EQ(ours, cute) << "stage " << st << " row " << row << " col " << col;
+        ++hits[size_t(ours) / sizeof(E)];
+      }
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "element slot " << i;
+}
+
+TEST(GemmStoreSwizzle, GatheredARowsMatchCute) {
+  check_gather_a_addresses<Traits<Bf16, 128, 256, 64, 3, true, 1, true>>();
+  check_gather_a_addresses<Traits<Bf16, 128, 256, 64, 4, false>>();
+  check_gather_a_addresses<Traits<Fp16, 128, 128, 64, 5, true, 1, true>>();
+}
+
 }  // namespace
 }  // namespace ccfuse::gemm::sm90
