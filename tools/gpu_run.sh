@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -50,6 +50,13 @@ gemm_ab() {
   done
   python3 tools/summarize_gemm.py --table "$OUT/$name.jsonl" 2>&1 | tee "$OUT/${name}_summary.log"
 }
+if [[ " $what " == *" tests_only "* ]]; then
+  # The GPU tests matching CCFUSE_TEST_FILTER alone, 120 s at most: a first check of new cases
+  # before a call spends minutes on benches that use them.
+  timeout 120 $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests_only.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  summary+=("gpu tests ($CCFUSE_TEST_FILTER): rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_only.log" | tr '\n' ' ')")
+fi
 if [[ " $what " == *" tests "* ]]; then
   # The router/layout sweep has its own section (router): it is long.
   timeout 500 $BIN/ccfuse_gpu_tests --gtest_filter="-*Router*:*Layout*" --gtest_output=json:"$OUT/gpu_tests.json" 2>&1 | tee "$OUT/gpu_tests.log"
