@@ -1052,6 +1052,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         constexpr uint32_t kBytesB = uint32_t(Traits::kBlockN * Traits::kBlockK * sizeof(Element));
         const uint32_t sa = cute::cast_smem_ptr_to_uint(ss.a);
         const int64_t row_bytes = int64_t(p.k) * int64_t(sizeof(Element));
+        static_assert(kChunks == 8, "a 128-byte row of the k-block: 8 lanes");
         int stage = 0;
         uint32_t phase = 0;
         for (int64_t t = unit_start; t < num_units; t += unit_stride) {
@@ -1060,25 +1061,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           unsigned valid = 0;
           // On a watchdog timeout load anyway (as wait_ready above): the host raises the error.
           (void)producer_sched.gather_rows(w, lane, rows, valid);
+          // Bit j: is row j * (32 / kChunks) + lane / kChunks real (the row this lane copies
+          // chunks of in instruction j below; its owner lane holds the bit).
+          static_assert(Traits::kBlockM * kChunks / 32 <= 64, "one bit per copy instruction");
+          unsigned long long row_valid = 0;
+#pragma unroll
+          for (int j = 0; j < Traits::kBlockM * kChunks / 32; ++j) {
+            const int r = j * (32 / kChunks) + lane / kChunks;
+            const unsigned v = __shfl_sync(0xffffffffu, valid, r % 32);
+            row_valid |= (unsigned long long)((v >> (j * (32 / kChunks) / 32)) & 1u) << j;
+          }
           Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
                                  make_coord(w.n_tile, _));
           auto [tBgB, tBsB] = tma_partition(tma_b, 0, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
           const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
           for (int kb = w.kb_begin; kb < kb_end; ++kb) {
             empty[stage].wait(phase ^ 1);
-            const int64_t col0 = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element));
+            // Coalesced: each instruction copies 4 whole rows of the k-block, 8 lanes a row (one
+            // 128-byte line each); lane l takes chunk l % 8 of rows 4 j + l / 8, whose address
+            // lane (4 j + l / 8) % 32 holds in rows[4 j / 32] (shuffled; 4 j / 32 = r / 32, known
+            // at compile time).
+            const int64_t off = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element)) + 16 * (lane % kChunks);
+            const bool in_k = off < row_bytes;
 #pragma unroll
-            for (int i = 0; i < kRows; ++i) {
-              const int r = lane + 32 * i;
-#pragma unroll
-              for (int c = 0; c < kChunks; ++c) {
-                const int64_t off = col0 + 16 * c;
-                const bool real = ((valid >> i) & 1u) != 0 && off < row_bytes;
-                const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, c, stage));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-                             "l"(real ? rows[i] + off : rows[i]), "r"(real ? 16 : 0)
-                             : "memory");
-              }
+            for (int j = 0; j < Traits::kBlockM * kChunks / 32; ++j) {
+              const int r = j * (32 / kChunks) + lane / kChunks;
+              const char* row = reinterpret_cast<const char*>(
+                  __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(rows[j * (32 / kChunks) / 32]), r % 32));
+              const bool real = in_k && ((row_valid >> j) & 1ull) != 0;
+              const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, lane % kChunks, stage));
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(real ? row + off : row),
+                           "r"(real ? 16 : 0)
+                           : "memory");
             }
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                              cute::cast_smem_ptr_to_uint(&full[stage]))
