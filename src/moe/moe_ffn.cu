@@ -378,6 +378,11 @@ struct L0GatherSchedule : L0Schedule {
   const E* x = nullptr;           // [T, H]
   const E* gath_local = nullptr;  // [W][max_tokens][H]
   const int2* row_src = nullptr;  // local: (source, entry) of every receive row
+  // Experiments (CCFUSE_MOE_GATHER_VARIANT, docs/perf-notes.md 2026-11-30): "coalesced" = 8 lanes
+  // a row, 4 rows an instruction (row addresses shuffled); "nofence" = no proxy fence in the
+  // consumers after each stage's acquire (as CUTLASS's cp.async GMMA mainloop).
+  bool gather_coalesced = false;
+  bool gather_fence = true;
   __device__ bool gather_rows(const gemm::TileWork& w, int lane, const char* (&rows)[kRowsPerLane],
                               unsigned& valid) {
     if (epoch == 0) epoch = comm::current_epoch(sig);
@@ -1347,6 +1352,9 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     gs.x = static_cast<const E*>(x);
     gs.gath_local = static_cast<const E*>(s.gath->local());
     gs.row_src = static_cast<const int2*>(s.row_src->local());
+    const char* variant = std::getenv("CCFUSE_MOE_GATHER_VARIANT");
+    gs.gather_coalesced = variant != nullptr && std::strstr(variant, "coalesced") != nullptr;
+    gs.gather_fence = variant == nullptr || std::strstr(variant, "nofence") == nullptr;
     // A's descriptor (recv) is built but unused: the producer warp gathers the rows.
     if (d.swiglu) {
       L0Epilogue<Activation::kSiluMul> epi;

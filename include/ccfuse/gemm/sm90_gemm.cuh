@@ -798,11 +798,21 @@ struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kH
 //   bool gather_rows(const TileWork& w, int lane, const char* (&rows)[kBlockM / 32], unsigned& valid)
 // gives lane `lane` the addresses of tile rows lane + 32 i (bit i of `valid` set for real rows;
 // the others hold any readable address and are zero-filled) once they may be read (false: the
-// watchdog fired). Unclustered, whole tiles, not ping-pong.
+// watchdog fired); and the members bool gather_coalesced, gather_fence (below). Unclustered,
+// whole tiles, not ping-pong.
 template <class S, class = void>
 struct HasGatherA : std::false_type {};
 template <class S>
 struct HasGatherA<S, std::void_t<decltype(S::kGatherA)>> : std::bool_constant<S::kGatherA> {};
+
+// Gathered-A experiments (2026-11-30): the schedule's gather_coalesced (the producer warp's copy
+// pattern) and gather_fence (the consumers' proxy fence after each stage's acquire; CUTLASS's
+// cp.async GMMA mainloop has none) as runtime switches; schedules without them: none / fence.
+template <class S>
+__device__ __forceinline__ bool gather_fence_of(const S& s) {
+  if constexpr (HasGatherA<S>::value) return s.gather_fence;
+  else return true;
+}
 
 // The byte offset in the A stages of the 16-byte chunk `chunk` (columns 8 chunk .. 8 chunk + 7 of
 // the k-block) of tile row `row` in stage `stage`: rows of 128 bytes (one swizzle atom along K),
@@ -914,12 +924,15 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 template <int kStages, bool kProxyFence = false, class Mma, class FragA, class FragB, class Accum, class Full,
           class Release>
 __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
-                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release) {
+                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release,
+                                        bool fence_on = true) {
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   int prev_stage = -1;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     full[stage].wait(phase);
-    if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if constexpr (kProxyFence) {
+      if (fence_on) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
     warpgroup_fence_operand(accum);
     warpgroup_arrive();
     CUTE_UNROLL
@@ -1077,22 +1090,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
           for (int kb = w.kb_begin; kb < kb_end; ++kb) {
             empty[stage].wait(phase ^ 1);
-            // Coalesced: each instruction copies 4 whole rows of the k-block, 8 lanes a row (one
-            // 128-byte line each); lane l takes chunk l % 8 of rows 4 j + l / 8, whose address
-            // lane (4 j + l / 8) % 32 holds in rows[4 j / 32] (shuffled; 4 j / 32 = r / 32, known
-            // at compile time).
-            const int64_t off = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element)) + 16 * (lane % kChunks);
-            const bool in_k = off < row_bytes;
+            if (producer_sched.gather_coalesced) {
+              // Coalesced: each instruction copies 4 whole rows of the k-block, 8 lanes a row (one
+              // 128-byte line each); lane l takes chunk l % 8 of rows 4 j + l / 8, whose address
+              // lane (4 j + l / 8) % 32 holds in rows[4 j / 32] (shuffled; 4 j / 32 = r / 32, known
+              // at compile time).
+              const int64_t off = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element)) + 16 * (lane % kChunks);
+              const bool in_k = off < row_bytes;
 #pragma unroll
-            for (int j = 0; j < Traits::kBlockM * kChunks / 32; ++j) {
-              const int r = j * (32 / kChunks) + lane / kChunks;
-              const char* row = reinterpret_cast<const char*>(
-                  __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(rows[j * (32 / kChunks) / 32]), r % 32));
-              const bool real = in_k && ((row_valid >> j) & 1ull) != 0;
-              const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, lane % kChunks, stage));
-              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(real ? row + off : row),
-                           "r"(real ? 16 : 0)
-                           : "memory");
+              for (int j = 0; j < Traits::kBlockM * kChunks / 32; ++j) {
+                const int r = j * (32 / kChunks) + lane / kChunks;
+                const char* row = reinterpret_cast<const char*>(
+                    __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(rows[j * (32 / kChunks) / 32]), r % 32));
+                const bool real = in_k && ((row_valid >> j) & 1ull) != 0;
+                const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, lane % kChunks, stage));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(real ? row + off : row),
+                             "r"(real ? 16 : 0)
+                             : "memory");
+              }
+            } else {
+              // Each lane its own 4 rows, a row's 8 chunks in turn (32 rows an instruction).
+              const int64_t col0 = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element));
+#pragma unroll
+              for (int i = 0; i < kRows; ++i) {
+                const int r = lane + 32 * i;
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c) {
+                  const int64_t off = col0 + 16 * c;
+                  const bool real = ((valid >> i) & 1u) != 0 && off < row_bytes;
+                  const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, c, stage));
+                  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                               "l"(real ? rows[i] + off : rows[i]), "r"(real ? 16 : 0)
+                               : "memory");
+                }
+              }
             }
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                              cute::cast_smem_ptr_to_uint(&full[stage]))
@@ -1254,7 +1285,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
       const int prev_stage =
-          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release);
+          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release,
+                                      gather_fence_of(sched));
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
