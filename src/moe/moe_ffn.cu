@@ -374,23 +374,17 @@ struct L0Schedule : gemm::sm90::GroupedSchedule {
 // wait per row on the chunk's flag, each lane for its own rows: its acquire orders its own loads).
 struct L0GatherSchedule : L0Schedule {
   static constexpr bool kGatherA = true;
-  static constexpr int kRowsPerLane = kBlockM / 32;
   const E* x = nullptr;           // [T, H]
   const E* gath_local = nullptr;  // [W][max_tokens][H]
   const int2* row_src = nullptr;  // local: (source, entry) of every receive row
-  // Experiments (CCFUSE_MOE_GATHER_VARIANT, docs/perf-notes.md 2026-11-30): "coalesced" = 8 lanes
-  // a row, 4 rows an instruction (row addresses shuffled); "nofence" = no proxy fence in the
-  // consumers after each stage's acquire (as CUTLASS's cp.async GMMA mainloop).
-  bool gather_coalesced = false;
-  bool gather_fence = true;
-  __device__ bool gather_rows(const gemm::TileWork& w, int lane, const char* (&rows)[kRowsPerLane],
-                              unsigned& valid) {
+  template <int N>
+  __device__ bool gather_rows(const gemm::TileWork& w, int first, int step, const char* (&rows)[N], unsigned& valid) {
     if (epoch == 0) epoch = comm::current_epoch(sig);
     bool ok = true;
     valid = 0;
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) {
-      const int64_t row = w.row0 + lane + 32 * i;
+    for (int i = 0; i < N; ++i) {
+      const int64_t row = w.row0 + first + int64_t(step) * i;
       rows[i] = reinterpret_cast<const char*>(gath_local);  // readable; zero-filled past the tile's rows
       if (row >= w.row_end) continue;
       const int2 se = row_src[row];
@@ -1352,9 +1346,6 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     gs.x = static_cast<const E*>(x);
     gs.gath_local = static_cast<const E*>(s.gath->local());
     gs.row_src = static_cast<const int2*>(s.row_src->local());
-    const char* variant = std::getenv("CCFUSE_MOE_GATHER_VARIANT");
-    gs.gather_coalesced = variant != nullptr && std::strstr(variant, "coalesced") != nullptr;
-    gs.gather_fence = variant == nullptr || std::strstr(variant, "nofence") == nullptr;
     // A's descriptor (recv) is built but unused: the producer warp gathers the rows.
     if (d.swiglu) {
       L0Epilogue<Activation::kSiluMul> epi;

@@ -792,27 +792,19 @@ template <class S>
 struct HasAltA<S, std::void_t<decltype(S::kHasAltA)>> : std::bool_constant<S::kHasAltA> {};
 
 // Schedule::kGatherA: A's rows are not one strided matrix but gathered row by row (the MoE
-// layer 0 reading its tokens where they lie: docs/moe-layers.md, "rows read in place"). The
-// whole producer warp loads A with 16-byte cp.async into the stage's 128-byte-swizzled layout
-// (gather_a_offset), B still by TMA; the schedule's
-//   bool gather_rows(const TileWork& w, int lane, const char* (&rows)[kBlockM / 32], unsigned& valid)
-// gives lane `lane` the addresses of tile rows lane + 32 i (bit i of `valid` set for real rows;
-// the others hold any readable address and are zero-filled) once they may be read (false: the
-// watchdog fired); and the members bool gather_coalesced, gather_fence (below). Unclustered,
-// whole tiles, not ping-pong.
+// layer 0 reading its tokens where they lie: docs/moe-layers.md, "rows read in place"). Warps 0
+// and 1 of the producer warpgroup load A with 16-byte cp.async into the stage's
+// 128-byte-swizzled layout (gather_a_offset), B still by TMA; warps 2 and 3 are the send warps.
+// The schedule's
+//   template <int N> bool gather_rows(const TileWork& w, int first, int step, const char* (&rows)[N],
+//                                     unsigned& valid)
+// gives a lane the addresses of tile rows first + step i (bit i of `valid` set for real rows; the
+// others hold any readable address and are zero-filled) once they may be read (false: the
+// watchdog fired). Unclustered, whole tiles, not ping-pong.
 template <class S, class = void>
 struct HasGatherA : std::false_type {};
 template <class S>
 struct HasGatherA<S, std::void_t<decltype(S::kGatherA)>> : std::bool_constant<S::kGatherA> {};
-
-// Gathered-A experiments (2026-11-30): the schedule's gather_coalesced (the producer warp's copy
-// pattern) and gather_fence (the consumers' proxy fence after each stage's acquire; CUTLASS's
-// cp.async GMMA mainloop has none) as runtime switches; schedules without them: none / fence.
-template <class S>
-__device__ __forceinline__ bool gather_fence_of(const S& s) {
-  if constexpr (HasGatherA<S>::value) return s.gather_fence;
-  else return true;
-}
 
 // The byte offset in the A stages of the 16-byte chunk `chunk` (columns 8 chunk .. 8 chunk + 7 of
 // the k-block) of tile row `row` in stage `stage`: rows of 128 bytes (one swizzle atom along K),
@@ -924,15 +916,12 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 template <int kStages, bool kProxyFence = false, class Mma, class FragA, class FragB, class Accum, class Full,
           class Release>
 __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
-                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release,
-                                        bool fence_on = true) {
+                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release) {
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   int prev_stage = -1;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     full[stage].wait(phase);
-    if constexpr (kProxyFence) {
-      if (fence_on) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    }
+    if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     warpgroup_fence_operand(accum);
     warpgroup_arrive();
     CUTE_UNROLL
@@ -986,6 +975,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(Traits::kPairN == std::is_same_v<Schedule, PairNSchedule>,
                 "pairs along N (Traits::kPairN) go with PairNSchedule, and only they");
   constexpr bool kGatherA = HasGatherA<Schedule>::value;
+  // Gathered A: warps 0 and 1 of the producer warpgroup gather, warps 2 and 3 are the send warps.
+  constexpr int kGatherWarps = kGatherA ? 2 : 0;
   static_assert(!kGatherA || (kCluster == 1 && !Traits::kPingpong && !HasFixup<Schedule>::value &&
                               !HasAltA<Schedule>::value && Traits::kBlockM % 32 == 0),
                 "gathered A rows are built for unclustered whole tiles");
@@ -1004,8 +995,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // The producer's arrive_and_expect_tx; with gathered A also one cp.async arrival per lane of
-      // the producer warp (.noinc: counted here).
-      full[s].init(kGatherA ? 1 + 32 : 1);
+      // the gather warps (.noinc: counted here).
+      full[s].init(kGatherA ? 1 + 32 * kGatherWarps : 1);
       // Unclustered: every consumer thread releases. Clustered: one lane per consumer warp of
       // each CTA of the cluster (the stage is refilled by multicasts from both).
       // Ping-pong: one warpgroup consumes each stage.
@@ -1054,81 +1045,52 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---------------- producer ----------------
     // With send warps the producer warpgroup keeps more registers for their copy loops.
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-    if (kGatherA && threadIdx.x < 32) {
+    if (kGatherA && threadIdx.x < 32 * kGatherWarps) {
       if constexpr (kGatherA) {
-        // ---------------- producer warp, A gathered ----------------
-        const int lane = threadIdx.x;
+        // ---------------- producer warps 0 and 1, A gathered ----------------
+        // Lane l of warp g copies tile rows l + 32 (g + 2 i), a row's 8 chunks in turn (one
+        // 16-byte cp.async each); warp 0's lane 0 also loads B by TMA. One warp alone issued
+        // too slowly (2026-11-30: layer 0 at 1.7x the TMA-fed GEMM on Mixtral).
+        const int lane = threadIdx.x % 32, gw = threadIdx.x / 32;
         Schedule producer_sched = sched;
         Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
-        constexpr int kRows = Traits::kBlockM / 32;
+        constexpr int kRows = Traits::kBlockM / (32 * kGatherWarps);
         constexpr int kChunks = Traits::kBlockK * int(sizeof(Element)) / 16;
         constexpr uint32_t kBytesB = uint32_t(Traits::kBlockN * Traits::kBlockK * sizeof(Element));
         const uint32_t sa = cute::cast_smem_ptr_to_uint(ss.a);
         const int64_t row_bytes = int64_t(p.k) * int64_t(sizeof(Element));
-        static_assert(kChunks == 8, "a 128-byte row of the k-block: 8 lanes");
         int stage = 0;
         uint32_t phase = 0;
         for (int64_t t = unit_start; t < num_units; t += unit_stride) {
           const TileWork w = work_of(t);
           const char* rows[kRows];
           unsigned valid = 0;
-          // On a watchdog timeout load anyway (as wait_ready above): the host raises the error.
-          (void)producer_sched.gather_rows(w, lane, rows, valid);
-          // Bit j: is row j * (32 / kChunks) + lane / kChunks real (the row this lane copies
-          // chunks of in instruction j below; its owner lane holds the bit).
-          static_assert(Traits::kBlockM * kChunks / 32 <= 64, "one bit per copy instruction");
-          unsigned long long row_valid = 0;
-#pragma unroll
-          for (int j = 0; j < Traits::kBlockM * kChunks / 32; ++j) {
-            const int r = j * (32 / kChunks) + lane / kChunks;
-            const unsigned v = __shfl_sync(0xffffffffu, valid, r % 32);
-            row_valid |= (unsigned long long)((v >> (j * (32 / kChunks) / 32)) & 1u) << j;
-          }
+          // On a watchdog timeout load anyway (as wait_ready below): the host raises the error.
+          (void)producer_sched.gather_rows(w, lane + 32 * gw, 32 * kGatherWarps, rows, valid);
           Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
                                  make_coord(w.n_tile, _));
           auto [tBgB, tBsB] = tma_partition(tma_b, 0, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
           const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
           for (int kb = w.kb_begin; kb < kb_end; ++kb) {
             empty[stage].wait(phase ^ 1);
-            if (producer_sched.gather_coalesced) {
-              // Coalesced: each instruction copies 4 whole rows of the k-block, 8 lanes a row (one
-              // 128-byte line each); lane l takes chunk l % 8 of rows 4 j + l / 8, whose address
-              // lane (4 j + l / 8) % 32 holds in rows[4 j / 32] (shuffled; 4 j / 32 = r / 32, known
-              // at compile time).
-              const int64_t off = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element)) + 16 * (lane % kChunks);
-              const bool in_k = off < row_bytes;
+            const int64_t col0 = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element));
 #pragma unroll
-              for (int j = 0; j < Traits::kBlockM * kChunks / 32; ++j) {
-                const int r = j * (32 / kChunks) + lane / kChunks;
-                const char* row = reinterpret_cast<const char*>(
-                    __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(rows[j * (32 / kChunks) / 32]), r % 32));
-                const bool real = in_k && ((row_valid >> j) & 1ull) != 0;
-                const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, lane % kChunks, stage));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(real ? row + off : row),
-                             "r"(real ? 16 : 0)
+            for (int i = 0; i < kRows; ++i) {
+              const int r = lane + 32 * (gw + kGatherWarps * i);
+#pragma unroll
+              for (int c = 0; c < kChunks; ++c) {
+                const int64_t off = col0 + 16 * c;
+                const bool real = ((valid >> i) & 1u) != 0 && off < row_bytes;
+                const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, c, stage));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                             "l"(real ? rows[i] + off : rows[i]), "r"(real ? 16 : 0)
                              : "memory");
-              }
-            } else {
-              // Each lane its own 4 rows, a row's 8 chunks in turn (32 rows an instruction).
-              const int64_t col0 = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element));
-#pragma unroll
-              for (int i = 0; i < kRows; ++i) {
-                const int r = lane + 32 * i;
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                  const int64_t off = col0 + 16 * c;
-                  const bool real = ((valid >> i) & 1u) != 0 && off < row_bytes;
-                  const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, c, stage));
-                  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-                               "l"(real ? rows[i] + off : rows[i]), "r"(real ? 16 : 0)
-                               : "memory");
-                }
               }
             }
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                              cute::cast_smem_ptr_to_uint(&full[stage]))
                          : "memory");
-            if (lane == 0) {
+            if (threadIdx.x == 0) {
               full[stage].arrive_and_expect_tx(kBytesB);
               copy(tma_b.with(*reinterpret_cast<uint64_t*>(&full[stage])), tBgB(_, kb), tBsB(_, stage));
             }
@@ -1192,11 +1154,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     } else if constexpr (Epilogue::kHasSendWarps) {
-      if (threadIdx.x >= 32) {
+      if (threadIdx.x >= 32 * (kGatherA ? kGatherWarps : 1)) {
         // ---------------- send warps ----------------
         // The same tile sequence as the consumers; wait for each sent tile's hand-over.
-        constexpr int kSendThreads = 96;
-        const int st = threadIdx.x - 32;
+        constexpr int kSendThreads = 128 - 32 * (kGatherA ? kGatherWarps : 1);
+        const int st = threadIdx.x - (128 - kSendThreads);
         // Everything the send warps do writes to peers or reads the call's epoch: after the entry
         // barrier (a no-op unless launched with PDL).
         griddep_wait();
@@ -1285,8 +1247,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
       const int prev_stage =
-          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release,
-                                      gather_fence_of(sched));
+          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release);
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
