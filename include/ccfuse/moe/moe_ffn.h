@@ -121,8 +121,9 @@ struct MoeFfnConfig {
   // All-gather mode only (dispatch = kAllGather): layer 0's grouped GEMM reads each row where it
   // lies (this rank's tokens in x, the peers' in the gathered buffer), its producer warp gathering
   // A row by row (cp.async) instead of TMA loads of a permuted copy: no local permute at all, so
-  // one row per token and peer over the links and no HBM copy. An experiment (written
-  // 2026-11-30, docs/moe-layers.md "rows read in place"); false: the permute, as measured before.
+  // one row per token and peer over the links and no HBM copy. An experiment, opt-in: measured
+  // 2026-11-30 at 1.4-2.0x the grouped GEMM alone for layer 0, slower than the permute on Mixtral
+  // and DeepSeek-like, level on Qwen3 (docs/moe-layers.md "Rows read in place").
   bool gather_rows = false;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
