@@ -1340,34 +1340,28 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_CUDA_CHECK_LAUNCH();
     return;
   }
+  auto launch_l0 = [&](const auto& schedule) {
+    if (d.swiglu) {
+      L0Epilogue<Activation::kSiluMul> epi;
+      fill(epi);
+      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, schedule,
+                   epi, sms, s.geo.epr, stream);
+    } else {
+      L0Epilogue<Activation::kNone> epi;
+      fill(epi);
+      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, schedule,
+                   epi, sms, s.geo.epr, stream);
+    }
+  };
   if (allgather && s.cfg.gather_rows) {
     L0GatherSchedule gs;
     static_cast<L0Schedule&>(gs) = sched;
     gs.x = static_cast<const E*>(x);
     gs.gath_local = static_cast<const E*>(s.gath->local());
     gs.row_src = static_cast<const int2*>(s.row_src->local());
-    // A's descriptor (recv) is built but unused: the producer warp gathers the rows.
-    if (d.swiglu) {
-      L0Epilogue<Activation::kSiluMul> epi;
-      fill(epi);
-      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, gs, epi,
-                   sms, s.geo.epr, stream);
-    } else {
-      L0Epilogue<Activation::kNone> epi;
-      fill(epi);
-      launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, gs, epi,
-                   sms, s.geo.epr, stream);
-    }
-  } else if (d.swiglu) {
-    L0Epilogue<Activation::kSiluMul> epi;
-    fill(epi);
-    launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi,
-                 sms, s.geo.epr, stream);
+    launch_l0(gs);  // A's descriptor (recv) is built but unused: the producer warps gather the rows
   } else {
-    L0Epilogue<Activation::kNone> epi;
-    fill(epi);
-    launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, sched, epi,
-                 sms, s.geo.epr, stream);
+    launch_l0(sched);
   }
   CCFUSE_CUDA_CHECK_LAUNCH();
 }
