@@ -21,6 +21,8 @@
 //     The first num_side_ctas CTAs of the grid run run_side (all their threads: communication or
 //     reduction work) instead of the GEMM; the GEMM runs on the others. One kernel, one CTA per
 //     SM: the side CTAs are resident whenever the GEMM's are, so GEMM tiles may wait on them.
+//   Schedule::kGatherA and Schedule::gather_rows(...): A's rows gathered one by one (cp.async
+//     by two producer warps) instead of TMA boxes of a strided A (HasGatherA, below).
 // A grouped GEMM (MoE experts) is a Schedule whose tiles carry a group index (the batch of B)
 // and a row range of the concatenated A/C; the kernel is the same.
 #pragma once
@@ -986,8 +988,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // (56 / 224 against 40 / 232 measured the same for gemm_rs: perf-notes, send warps.)
   // With send warps the producer warpgroup keeps CCFUSE_SEND_WARP_REGS registers a thread and the
   // consumers get what is left of the 64K: 168 + (168 - P) / 2 (56 -> 224, 72 -> 216).
-  constexpr int kProducerRegs = Epilogue::kHasSendWarps ? CCFUSE_SEND_WARP_REGS : 40;
-  constexpr int kConsumerRegs = Epilogue::kHasSendWarps ? 168 + (168 - CCFUSE_SEND_WARP_REGS) / 2 : 232;
+  // The gather warps of a kGatherA schedule take the send warps' budget too (their copy loops
+  // measured at 56 registers).
+  constexpr bool kWideProducer = Epilogue::kHasSendWarps || HasGatherA<Schedule>::value;
+  constexpr int kProducerRegs = kWideProducer ? CCFUSE_SEND_WARP_REGS : 40;
+  constexpr int kConsumerRegs = kWideProducer ? 168 + (168 - CCFUSE_SEND_WARP_REGS) / 2 : 232;
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
   static_assert(Traits::kThreads != 384 || 128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168),
                 "register hand-over must balance");
