@@ -56,6 +56,10 @@ if(CCFUSE_CUTLASS_INCLUDE AND EXISTS ${CCFUSE_CUTLASS_INCLUDE}/cute/tensor.hpp)
   message(STATUS "ccfuse: CUTLASS/CuTe headers ${CCFUSE_CUTLASS_INCLUDE} (pinned nvidia-cutlass==${CCFUSE_CUTLASS_VERSION})")
   add_library(ccfuse::cutlass INTERFACE IMPORTED)
   target_include_directories(ccfuse::cutlass SYSTEM INTERFACE ${CCFUSE_CUTLASS_INCLUDE})
+  # wgmma's N in steps of 8 (CuTe's selector otherwise knows 8-32 and multiples of 32 to 256 in
+  # a few steps): the 128x160 and 128x224 tiles need n160 and n224 (one instruction per k-step,
+  # not 5 or 7 of n32). The shapes it already knew select the same instruction either way.
+  target_compile_definitions(ccfuse::cutlass INTERFACE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 else()
   message(FATAL_ERROR "ccfuse: CUTLASS headers not found: pip install nvidia-cutlass==${CCFUSE_CUTLASS_VERSION} "
                       "(tools/setup.sh does) or set CCFUSE_CUTLASS_INCLUDE")

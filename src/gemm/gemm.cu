@@ -50,6 +50,14 @@ constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
 // 1024x1536x4096 86 -> 83 % (81.8 against the 128 tile's 78.5 in other runs: a tie within the
 // runs' spread) and ~0.8 of the wide tile's speed per FLOP elsewhere (4096^3: 81 %).
 constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
+// The 160- and 224-column TMA-store tiles (B [N, K] only, 32-column TMA boxes with the 64-byte
+// swizzle, as 128x96): the widths cuBLASLt shapes to the wave where 128-, 192- and 256-column
+// tiles leave a wave mostly empty (2026-11-30 sweep v11: 4096x1280x8192 and 1024x5120x8192 run
+// 224 tiles of 128x192 in two waves, cuBLASLt 128 of 128x320; 1024x3584x4096 runs 112 tiles of
+// 128x256, cuBLASLt 256 of 128x112). 160: 5 x 36 KiB of A/B + 40 KiB of C staging = 220 KiB;
+// 224: 3 x 44 KiB + 56 KiB = 188 KiB (4 stages would need 232 KiB).
+constexpr TileShape kTmaStoreN160Shape = {128, 160, 64, 5};
+constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -178,7 +186,9 @@ template <class E>
 void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, const Fixup& ws,
                   cudaStream_t s) {
   if (cfg.split_k > 1 || cfg.stream_k) {
-    if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
+    if (cfg.tma_store && cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, ws, s);
+    else if (cfg.tma_store && cfg.block_n == 192) launch_kparts_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, ws, s);
+    else if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
     else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
   } else if (cfg.pingpong) launch_layout<E, 128, 128, 64, 5, true, true>(d, cfg, a, b, c, s);
@@ -186,6 +196,10 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 96)
     launch_layout<E, 128, 96, 64, kTmaStoreN96Shape.stages, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 160)
+    launch_layout<E, 128, 160, 64, kTmaStoreN160Shape.stages, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 224)
+    launch_layout<E, 128, 224, 64, kTmaStoreN224Shape.stages, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
   else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
   else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
@@ -227,10 +241,10 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   };
   if (cfg.tma_store) {
     known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
-            same(kTmaStoreN96Shape);
+            same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
-                     " stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, 128x128x64/5, "
-                     "128x96x64/7)");
+                     " stages is not built with tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, "
+                     "128x160x64/5, 128x128x64/5, 128x96x64/7)");
     // B [K, N] is loaded in swizzle atoms 64 columns wide (sm90::Traits::SmemLayoutB).
     CCFUSE_ARG_CHECK(cfg.block_n % 64 == 0 || d.b_layout == BLayout::kNK, "tile ", cfg.block_m, "x", cfg.block_n,
                      " needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which do not "
@@ -252,8 +266,11 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   const bool cut = cfg.split_k > 1 || cfg.stream_k;
   CCFUSE_ARG_CHECK(!cut || cfg.cluster_m == 1, cfg.stream_k ? "stream_k" : "split_k > 1", " is built with cluster_m 1, not ",
                    cfg.cluster_m);
-  CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || cfg.block_n == 128, cfg.stream_k ? "stream_k" : "split_k > 1",
-                   " with tma_store is built for the 128x128x64/5 tile");
+  CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || same(kTmaStoreNarrowShape) || (!cfg.stream_k && (same(kTmaStoreShape) ||
+                                                                                 same(kTmaStoreN192Shape))),
+                   cfg.stream_k ? "stream_k with tma_store is built for the 128x128x64/5 tile"
+                                : "split_k > 1 with tma_store is built for the 128x256x64/3, 128x192x64/4 and "
+                                  "128x128x64/5 tiles");
   CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && same(kTmaStoreNarrowShape) && !cut), "pingpong is built for "
                    "whole tiles of the 128x128x64/5 tile with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
                    cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
@@ -301,7 +318,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
   const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 1.03,
-               eff_96 = 0.81;
+               eff_96 = 0.81, eff_160 = 0.95, eff_224 = 0.98;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
@@ -317,6 +334,17 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
       const Option whole_96{kTmaStoreN96Shape, true, false,
                             waves(tiles_of(kTmaStoreN96Shape)) * double(k_tiles) * 0.75 / eff_96};
       if (whole_96.time < best.time * (1 - 1e-9)) best = whole_96;
+      // The 160- and 224-column tiles, priced between their neighbours until measured (EXPERIMENT,
+      // written 2026-11-30 14:30): 160 at 0.95 (128: 0.96, 192: 1.03, 96: 0.81; the 32-column
+      // store boxes of 96), 224 at 0.98. Picked where they fill the waves: 4096x1280x8192 and
+      // 1024x5120x8192 (256 tiles of 160 in two waves against 224 of 192), 1024x3584x4096 (128
+      // tiles of 224 in one wave against 112 of 256).
+      const Option whole_160{kTmaStoreN160Shape, true, false,
+                             waves(tiles_of(kTmaStoreN160Shape)) * double(k_tiles) * 1.25 / eff_160};
+      if (whole_160.time < best.time * (1 - 1e-9)) best = whole_160;
+      const Option whole_224{kTmaStoreN224Shape, true, false,
+                             waves(tiles_of(kTmaStoreN224Shape)) * double(k_tiles) * 1.75 / eff_224};
+      if (whole_224.time < best.time * (1 - 1e-9)) best = whole_224;
     }
   }
   if (tma_ok && !grouped && k_tiles >= 4) {

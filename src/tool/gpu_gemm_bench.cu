@@ -198,9 +198,13 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=128   128x128x64/5 whole tiles (what cuBLASLt takes for K <= 1024)
 //   CCFUSE_GEMM_PINGPONG=1   128x128x64/5 whole tiles with ping-pong consumers (GemmConfig::pingpong)
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
+//   CCFUSE_GEMM_TILE_N=160   128x160x64/5 whole tiles (B [N, K] only)
+//   CCFUSE_GEMM_TILE_N=224   128x224x64/3 whole tiles (B [N, K] only)
 //   CCFUSE_GEMM_CLUSTER_N=2  with TILE_N=128 or 96: CTA pairs along N sharing A (GemmConfig::cluster_n)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
+//   CCFUSE_GEMM_SPLIT_K_WIDE=N  128x256x64/3 split-K in N parts
+//   CCFUSE_GEMM_SPLIT_K_192=N   128x192x64/4 split-K in N parts
 //   CCFUSE_GEMM_GROUP_M=N    the row-major raster in groups of N row tiles (default 8)
 //   CCFUSE_GEMM_ORDER=col    the column-major raster
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
@@ -224,6 +228,8 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TMA_STORE") == "1") force(256, 3, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "192") force(192, 4, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "96") force(96, 7, false, 1, pairs);
+  if (env("CCFUSE_GEMM_TILE_N") == "160") force(160, 5, false, 1, pairs);
+  if (env("CCFUSE_GEMM_TILE_N") == "224") force(224, 3, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "128") force(128, 5, false, 1, pairs);
   if (env("CCFUSE_GEMM_PINGPONG") == "1") {
     force(128, 5, false, 1, pairs);
@@ -237,6 +243,8 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   }
   if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
   if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);
+  if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K_WIDE").c_str()); parts > 1) force(256, 3, false, parts, 1);
+  if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K_192").c_str()); parts > 1) force(192, 4, false, parts, 1);
   // The tile raster on top of any of the above (L2 reuse): rows of group_m tiles, or column-major.
   if (const int g = std::atoi(env("CCFUSE_GEMM_GROUP_M").c_str()); g > 0) cfg.group_m = g;
   if (env("CCFUSE_GEMM_ORDER") == "col") cfg.order = gemm::TileOrder::kColumnMajor;

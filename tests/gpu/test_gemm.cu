@@ -25,7 +25,7 @@ struct Case {
   int64_t m, n, k;
   DType dtype;
   BLayout layout;
-  int block_n;      // 256 or 128 (192, 96: TMA-store only); 0 = choose_config
+  int block_n;      // 256 or 128 (192, 96, 160, 224: TMA-store only); 0 = choose_config
   int num_sms;      // 0 = all
   bool col_major;
   int cluster = 0;  // 1 or 2; 0 = choose_config's
@@ -139,10 +139,11 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
       cfg.split_k = 1;
       cfg.stream_k = false;
     }
-    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages); 96: the
-    // 96-column one (7 stages, B [N, K] only)
-    cfg.block_n = c.block_n == 128 || c.block_n == 192 || c.block_n == 96 ? c.block_n : 256;
-    cfg.stages = cfg.block_n == 128 ? 5 : cfg.block_n == 192 ? 4 : cfg.block_n == 96 ? 7 : 3;
+    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages); 96, 160 and
+    // 224: B [N, K] only (7, 5 and 3 stages)
+    const int n = c.block_n;
+    cfg.block_n = n == 128 || n == 192 || n == 96 || n == 160 || n == 224 ? n : 256;
+    cfg.stages = n == 128 || n == 160 ? 5 : n == 192 ? 4 : n == 96 ? 7 : 3;
     cfg.tma_store = true;
   }
   cfg.pingpong = c.pingpong;
@@ -237,6 +238,22 @@ std::vector<Case> cases() {
   out.push_back({1024, 1536, 4096, DType::kFloat16, BLayout::kNK, 96, 0, false, 1, true});
   out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 96, 0, false, 2, true});
   out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 96, 0, false, 2, true});
+  // The 160- and 224-column TMA-store tiles (B [N, K] only, 32-column boxes as 96): partial
+  // tiles with a full and a clipped box in the last one (1000 = 6 x 160 + 40, 1000 = 4 x 224 +
+  // 104), M < 64, both dtypes, clusters, an SM budget in column order, and the sweep shapes
+  // choose_config picks them for.
+  for (int bn : {160, 224}) {
+    for (DType t : {DType::kBFloat16, DType::kFloat16})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 1000, 520, t, BLayout::kNK, bn, 0, false, cl, true});
+        out.push_back({48, 200, 24, t, BLayout::kNK, bn, 0, false, cl, true});
+      }
+    out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, bn, 7, true, 2, true});
+  }
+  out.push_back({4096, 1280, 8192, DType::kBFloat16, BLayout::kNK, 160, 0, false, 2, true});
+  out.push_back({1024, 5120, 8192, DType::kBFloat16, BLayout::kNK, 160, 0, false, 2, true});
+  out.push_back({1024, 3584, 4096, DType::kBFloat16, BLayout::kNK, 224, 0, false, 2, true});
+  out.push_back({1024, 3584, 4096, DType::kFloat16, BLayout::kNK, 224, 0, false, 1, true});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
   // shape with fewer tiles than SMs (1024x768x4096).
@@ -248,6 +265,15 @@ std::vector<Case> cases() {
   out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   // Split-K with the narrow TMA-store tile (the last part stores through TMA).
   out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 3});
+  // Split-K with the 128x256 and 128x192 TMA-store tiles: partial tiles, M < 64, both layouts
+  // and dtypes, column order with an odd SM budget, and the one-wave shapes it is meant for.
+  out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, true, 3});
+  out.push_back({48, 200, 520, DType::kFloat16, BLayout::kKN, 256, 0, false, 0, true, 2});
+  out.push_back({1000, 776, 1032, DType::kFloat16, BLayout::kKN, 192, 0, false, 0, true, 4});
+  out.push_back({777, 1030, 136, DType::kBFloat16, BLayout::kNK, 192, 7, true, 0, true, 2});
+  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, true, 5});
+  out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, true, 3});
+  out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kNK, 192, 0, false, 0, true, 2});
   // Stream-K (tiles cut over the CTAs, summed in the kernel): partial tiles with ~3 parts each, M
   // < 64 with fewer iterations than SMs, K = 8 * 3 (one k-block: every part a whole tile), both
   // layouts and dtypes, the register epilogue with an odd ldc and an odd SM budget, the wide
@@ -488,8 +514,10 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_EQ(mid.block_n, 192);
   EXPECT_EQ(mid.stages, 4);
   EXPECT_NO_THROW(validate(make_desc(8192, 768, 4096, DType::kBFloat16, BLayout::kNK), mid));
-  // 112 tiles of 128x192 fill one wave better than 80 wide ones (1024x2560x8192: 69 -> 92 %).
-  EXPECT_EQ(choose_config(make_desc(1024, 2560, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 192);
+  // 112 tiles of 128x192 fill one wave better than 80 wide ones (1024x2560x8192: 69 -> 92 %), and
+  // 128 of 128x160 better still (B [N, K]); B [K, N] keeps 192.
+  EXPECT_EQ(choose_config(make_desc(1024, 2560, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 160);
+  EXPECT_EQ(choose_config(make_desc(1024, 2560, 8192, DType::kBFloat16, BLayout::kKN), 132).block_n, 192);
   // Unaligned rows of C: no 192 tile (TMA-store only), registers.
   EXPECT_NE(choose_config(make_desc(1024, 2564, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 192);
   // Many tiles: the wide tile stays.
@@ -603,7 +631,7 @@ TEST(GemmValidation, TmaStoreRules) {
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, "
-                           "128x192x64/4, 128x128x64/5, 128x96x64/7)");
+                           "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7)");
   }
   cfg.stages = 3;
   const GroupedGemmDesc g = two_groups(256, 128);
@@ -619,6 +647,9 @@ TEST(GemmValidation, TmaStoreRules) {
   }
   EXPECT_EQ(to_string(cfg), "block=128x256x64 stages=3 sms=0 order=row group_m=8 cluster=1 epilogue=tma_store");
 }
+
+constexpr const char* kSplitTmaRule =
+    "split_k > 1 with tma_store is built for the 128x256x64/3, 128x192x64/4 and 128x128x64/5 tiles";
 
 // The 96-column TMA-store tile (opt-in): whole tiles of B [N, K] in clusters of 1 or 2; not B
 // [K, N], whose 64-column swizzle atoms do not tile it, nor cut or grouped; never chosen.
@@ -650,7 +681,7 @@ TEST(GemmValidation, N96TileRules) {
   d.b_layout = BLayout::kNK;
   cfg.cluster_m = 1;
   cfg.split_k = 2;
-  expect_invalid(d, cfg, "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
+  expect_invalid(d, cfg, kSplitTmaRule);
   cfg.split_k = 1;
   cfg.stream_k = true;
   expect_invalid(d, cfg, "stream_k with tma_store is built for the 128x128x64/5 tile");
@@ -658,8 +689,8 @@ TEST(GemmValidation, N96TileRules) {
   GemmConfig other = cfg;
   other.stages = 6;  // 7 is the one built
   expect_invalid(d, other,
-                 "tile 128x96x64 with 6 stages is not built with tma_store (built: 128x256x64/3, 128x192x64/4, "
-                 "128x128x64/5, 128x96x64/7)");
+                 "tile 128x96x64 with 6 stages is not built with tma_store (built: 128x256x64/3, 128x224x64/3, "
+                 "128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7)");
   other = cfg;
   other.tma_store = false;  // registers: not built
   EXPECT_THROW(validate(d, other), InvalidArgument);
@@ -673,6 +704,71 @@ TEST(GemmValidation, N96TileRules) {
         << m << "x" << n;
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132).block_n, 96) << m << "x" << n;
   }
+}
+
+// The 160- and 224-column TMA-store tiles: whole tiles of B [N, K] in clusters of 1 or 2 (32-column
+// boxes as the 96 tile); not B [K, N], cut or grouped; chosen where they fill the waves.
+TEST(GemmValidation, N160N224TileRules) {
+  for (const auto& [bn, stages] : {std::pair<int, int>{160, 5}, {224, 3}}) {
+    GemmDesc d = make_desc(1024, 3584, 4096, DType::kBFloat16, BLayout::kNK);
+    GemmConfig cfg{128, bn, 64, stages};
+    cfg.tma_store = true;
+    EXPECT_NO_THROW(validate(d, cfg));
+    cfg.cluster_m = 2;
+    EXPECT_NO_THROW(validate(d, cfg));
+    d.dtype = DType::kFloat16;
+    EXPECT_NO_THROW(validate(d, cfg));
+    d.b_layout = BLayout::kKN;
+    const std::string kn = detail::str_cat("tile 128x", bn, " needs B [N, K] (b_layout nk): B [K, N] is loaded in ",
+                                           "64-column swizzle atoms, which do not tile ", bn, " columns");
+    expect_invalid(d, cfg, kn.c_str());
+    d.b_layout = BLayout::kNK;
+    cfg.cluster_m = 1;
+    cfg.split_k = 2;
+    expect_invalid(d, cfg, kSplitTmaRule);
+    cfg.split_k = 1;
+    GemmConfig other = cfg;
+    other.stages = stages + 1;
+    const std::string st = detail::str_cat("tile 128x", bn, "x64 with ", stages + 1, " stages is not built with ",
+                                           "tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, ",
+                                           "128x160x64/5, 128x128x64/5, 128x96x64/7)");
+    expect_invalid(d, other, st.c_str());
+    const std::string grouped =
+        detail::str_cat("tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x", bn);
+    expect_invalid(two_groups(256, 128, BLayout::kNK), cfg, grouped.c_str());
+  }
+  // choose_config: 256 tiles of 160 columns in two waves against 224 of 192 (4096x1280x8192,
+  // 1024x5120x8192); 128 tiles of 224 in one wave against 112 of 256 (1024x3584x4096); never for
+  // B [K, N]; not where the 256 tile fills the waves.
+  for (const auto& [m, n, k, bn] : {std::tuple<int64_t, int64_t, int64_t, int>{4096, 1280, 8192, 160},
+                                    {1024, 5120, 8192, 160}, {1024, 3584, 4096, 224}}) {
+    const GemmConfig c = choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132);
+    EXPECT_EQ(c.block_n, bn) << m << "x" << n;
+    EXPECT_NO_THROW(validate(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), c));
+    const GemmConfig kn = choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132);
+    EXPECT_EQ(kn.block_n % 64, 0) << m << "x" << n;
+  }
+  EXPECT_EQ(choose_config(make_desc(8192, 4096, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
+}
+
+// Split-K with the TMA-store epilogue: the 128x256x64/3, 128x192x64/4 and 128x128x64/5 tiles;
+// stream-K with the 128x128 one only.
+TEST(GemmValidation, SplitKTmaTiles) {
+  const GemmDesc d = make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kKN);
+  for (const auto& [bn, stages] : {std::pair<int, int>{256, 3}, {192, 4}, {128, 5}}) {
+    GemmConfig cfg{128, bn, 64, stages};
+    cfg.tma_store = true;
+    cfg.split_k = 5;
+    EXPECT_NO_THROW(validate(d, cfg)) << bn;
+    cfg.split_k = 1;
+    cfg.stream_k = true;
+    if (bn == 128) EXPECT_NO_THROW(validate(d, cfg));
+    else expect_invalid(d, cfg, "stream_k with tma_store is built for the 128x128x64/5 tile");
+  }
+  GemmConfig n160{128, 160, 64, 5};
+  n160.tma_store = true;
+  n160.split_k = 2;
+  expect_invalid(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), n160, kSplitTmaRule);
 }
 
 // A config changed in its tile, epilogue, split-K or ping-pong, and the message each change must

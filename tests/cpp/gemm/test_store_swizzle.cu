@@ -68,6 +68,8 @@ TEST(GemmStoreSwizzle, StmatrixAddressesMatchTheScalarStores) {
   check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 192, 64, 4, true, 2, true>>();
   check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 128, 64, 5, false, 1, true>>();
   check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 96, 64, 7, true, 1, true>>();
+  check_stmatrix_addresses<Traits<cutlass::bfloat16_t, 128, 160, 64, 5, true, 2, true>>();
+  check_stmatrix_addresses<Traits<cutlass::half_t, 128, 224, 64, 3, true, 1, true>>();
 }
 
 using Bf16 = cutlass::bfloat16_t;
@@ -100,6 +102,29 @@ TEST(GemmStoreSwizzle, N96TileShape) {
   static_assert(decltype(size(typename Accum::layout_type{}))::value == 48, "48 accumulators per consumer thread");
   EXPECT_LE(T::kSmemBytes, size_t(232448));
   EXPECT_EQ(T::kSmemBytes, size_t(221 * 1024)) << "7 x 28 KiB of A/B + 24 KiB of C staging, barriers in the padding";
+}
+
+// The 160- and 224-column tiles: 5 and 7 sub-tiles of 32 columns (64-byte swizzle) as 96, one
+// wgmma of n = 160 / 224 per k-step (80 / 112 accumulators per consumer thread), within the 227
+// KiB of a CTA: 5 x 36 KiB + 40 KiB and 3 x 44 KiB + 56 KiB.
+TEST(GemmStoreSwizzle, N160N224TilesMatchCute) {
+  using T160 = Traits<Bf16, 128, 160, 64, 5, true, 1, true>;
+  using T224 = Traits<Fp16, 128, 224, 64, 3, true, 2, true>;
+  static_assert(T160::kStoreCols == 32 && T224::kStoreCols == 32, "32-column boxes");
+  check_staging_addresses<T160>();
+  check_staging_addresses<Traits<Fp16, 128, 160, 64, 5, true, 2, true>>();
+  check_staging_addresses<T224>();
+  check_staging_addresses<Traits<Bf16, 128, 224, 64, 3, true, 1, true>>();
+  static_assert(size<1>(typename MMA_Traits<typename T160::MmaOp>::Shape_MNK{}) == 160, "wgmma n160");
+  static_assert(size<1>(typename MMA_Traits<typename T224::MmaOp>::Shape_MNK{}) == 224, "wgmma n224");
+  using Accum160 = decltype(partition_fragment_C(typename T160::TiledMma{}, Shape<Int<128>, Int<160>>{}));
+  using Accum224 = decltype(partition_fragment_C(typename T224::TiledMma{}, Shape<Int<128>, Int<224>>{}));
+  static_assert(decltype(size(typename Accum160::layout_type{}))::value == 80, "80 accumulators per thread");
+  static_assert(decltype(size(typename Accum224::layout_type{}))::value == 112, "112 accumulators per thread");
+  EXPECT_LE(T160::kSmemBytes, size_t(232448));
+  EXPECT_LE(T224::kSmemBytes, size_t(232448));
+  EXPECT_GE(T160::kSmemBytes, size_t(220 * 1024));
+  EXPECT_GE(T224::kSmemBytes, size_t(188 * 1024));
 }
 
 // Gathered A (Schedule::kGatherA): the producer warp's cp.async writes each 16-byte chunk of a row
