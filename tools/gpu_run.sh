@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [gemm_n160] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [gemm_n160] [gemm_n160_more] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -449,14 +449,17 @@ if [[ " $what " == *" gemm_n160 "* ]]; then
   gemm_ab gemm_n224_vs256 CCFUSE_GEMM_TMA_STORE 1 "1024 3584 4096" "1024 7168 4096" "1024 7168 8192"
   gemm_ab gemm_n160_eff CCFUSE_GEMM_TILE_N 160 "4096 4096 4096" "8192 8192 8192"
   gemm_ab gemm_n224_eff CCFUSE_GEMM_TILE_N 224 "4096 4096 4096" "8192 8192 8192"
-  # Split-K on the 256 and 192 TMA-store tiles for the one-wave shapes with the fewest tiles:
-  # parts x tiles <= 132 (256: 24 tiles x 5, 40 x 3; 192: 32 x 4, 56 x 2, 64 x 2).
-  gemm_ab gemm_splitwide5 CCFUSE_GEMM_SPLIT_K_WIDE 5 "1024 768 4096"
-  gemm_ab gemm_splitwide3 CCFUSE_GEMM_SPLIT_K_WIDE 3 "1024 1280 8192" "1024 768 4096"
-  gemm_ab gemm_split192_4 CCFUSE_GEMM_SPLIT_K_192 4 "1024 768 4096"
-  gemm_ab gemm_split192_2 CCFUSE_GEMM_SPLIT_K_192 2 "1024 1536 4096" "1024 1280 8192"
   summary+=("gemm 160/224 tiles A/B: gemm_n160_vs192 gemm_n224_vs256 gemm_n160_eff gemm_n224_eff _summary.log")
-  summary+=("gemm split-K 256/192 A/B: gemm_splitwide5 gemm_splitwide3 gemm_split192_4 gemm_split192_2 _summary.log")
+fi
+if [[ " $what " == *" gemm_n160_more "* ]]; then
+  # The multi-wave shapes whose choice would switch to 160 or 224 with both priced at 1.0 (their
+  # speed per FLOP forced on 4096^3 and 8192^3, 2026-11-30 14:35): the engine's pick (0.95 / 0.98)
+  # against each forced, in the same run.
+  gemm_ab gemm_n160_more CCFUSE_GEMM_TILE_N 160 "4096 14336 4096" "4096 7168 4096" "8192 7168 4096" \
+    "1024 28672 8192" "4096 2560 8192" "4096 14336 8192" "8192 1280 8192" "4096 7168 8192" "8192 7168 8192"
+  gemm_ab gemm_n224_more CCFUSE_GEMM_TILE_N 224 "4096 8192 4096" "4096 8192 14336" "4096 8192 2048" \
+    "4096 8192 7168" "4096 8192 1024" "4096 8192 3584"
+  summary+=("gemm 160/224 on multi-wave shapes: gemm_n160_more gemm_n224_more _summary.log")
 fi
 if [[ " $what " == *" gemm_pairn "* ]]; then
   # CTA pairs along N sharing A (CCFUSE_GEMM_CLUSTER_N=2, GemmConfig::cluster_n; docs/gemm.md item 10)

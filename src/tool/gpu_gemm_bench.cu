@@ -203,8 +203,6 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_CLUSTER_N=2  with TILE_N=128 or 96: CTA pairs along N sharing A (GemmConfig::cluster_n)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
-//   CCFUSE_GEMM_SPLIT_K_WIDE=N  128x256x64/3 split-K in N parts
-//   CCFUSE_GEMM_SPLIT_K_192=N   128x192x64/4 split-K in N parts
 //   CCFUSE_GEMM_GROUP_M=N    the row-major raster in groups of N row tiles (default 8)
 //   CCFUSE_GEMM_ORDER=col    the column-major raster
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
@@ -243,8 +241,6 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   }
   if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
   if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);
-  if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K_WIDE").c_str()); parts > 1) force(256, 3, false, parts, 1);
-  if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K_192").c_str()); parts > 1) force(192, 4, false, parts, 1);
   // The tile raster on top of any of the above (L2 reuse): rows of group_m tiles, or column-major.
   if (const int g = std::atoi(env("CCFUSE_GEMM_GROUP_M").c_str()); g > 0) cfg.group_m = g;
   if (env("CCFUSE_GEMM_ORDER") == "col") cfg.order = gemm::TileOrder::kColumnMajor;

@@ -248,7 +248,7 @@ std::vector<Case> cases() {
         out.push_back({1000, 1000, 520, t, BLayout::kNK, bn, 0, false, cl, true});
         out.push_back({48, 200, 24, t, BLayout::kNK, bn, 0, false, cl, true});
       }
-    out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, bn, 7, true, 2, true});
+    out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, bn, 7, true, 2, true});  // 7 SMs: 3 pairs
   }
   out.push_back({4096, 1280, 8192, DType::kBFloat16, BLayout::kNK, 160, 0, false, 2, true});
   out.push_back({1024, 5120, 8192, DType::kBFloat16, BLayout::kNK, 160, 0, false, 2, true});
@@ -265,15 +265,6 @@ std::vector<Case> cases() {
   out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   // Split-K with the narrow TMA-store tile (the last part stores through TMA).
   out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 3});
-  // Split-K with the 128x256 and 128x192 TMA-store tiles: partial tiles, M < 64, both layouts
-  // and dtypes, column order with an odd SM budget, and the one-wave shapes it is meant for.
-  out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, true, 3});
-  out.push_back({48, 200, 520, DType::kFloat16, BLayout::kKN, 256, 0, false, 0, true, 2});
-  out.push_back({1000, 776, 1032, DType::kFloat16, BLayout::kKN, 192, 0, false, 0, true, 4});
-  out.push_back({777, 1030, 136, DType::kBFloat16, BLayout::kNK, 192, 7, true, 0, true, 2});
-  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, true, 5});
-  out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, true, 3});
-  out.push_back({1024, 1536, 4096, DType::kBFloat16, BLayout::kNK, 192, 0, false, 0, true, 2});
   // Stream-K (tiles cut over the CTAs, summed in the kernel): partial tiles with ~3 parts each, M
   // < 64 with fewer iterations than SMs, K = 8 * 3 (one k-block: every part a whole tile), both
   // layouts and dtypes, the register epilogue with an odd ldc and an odd SM budget, the wide
@@ -648,9 +639,6 @@ TEST(GemmValidation, TmaStoreRules) {
   EXPECT_EQ(to_string(cfg), "block=128x256x64 stages=3 sms=0 order=row group_m=8 cluster=1 epilogue=tma_store");
 }
 
-constexpr const char* kSplitTmaRule =
-    "split_k > 1 with tma_store is built for the 128x256x64/3, 128x192x64/4 and 128x128x64/5 tiles";
-
 // The 96-column TMA-store tile (opt-in): whole tiles of B [N, K] in clusters of 1 or 2; not B
 // [K, N], whose 64-column swizzle atoms do not tile it, nor cut or grouped; never chosen.
 // validate(desc, cfg) must throw InvalidArgument with exactly `message`.
@@ -681,7 +669,7 @@ TEST(GemmValidation, N96TileRules) {
   d.b_layout = BLayout::kNK;
   cfg.cluster_m = 1;
   cfg.split_k = 2;
-  expect_invalid(d, cfg, kSplitTmaRule);
+  expect_invalid(d, cfg, "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
   cfg.split_k = 1;
   cfg.stream_k = true;
   expect_invalid(d, cfg, "stream_k with tma_store is built for the 128x128x64/5 tile");
@@ -725,7 +713,7 @@ TEST(GemmValidation, N160N224TileRules) {
     d.b_layout = BLayout::kNK;
     cfg.cluster_m = 1;
     cfg.split_k = 2;
-    expect_invalid(d, cfg, kSplitTmaRule);
+    expect_invalid(d, cfg, "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
     cfg.split_k = 1;
     GemmConfig other = cfg;
     other.stages = stages + 1;
@@ -749,26 +737,6 @@ TEST(GemmValidation, N160N224TileRules) {
     EXPECT_EQ(kn.block_n % 64, 0) << m << "x" << n;
   }
   EXPECT_EQ(choose_config(make_desc(8192, 4096, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
-}
-
-// Split-K with the TMA-store epilogue: the 128x256x64/3, 128x192x64/4 and 128x128x64/5 tiles;
-// stream-K with the 128x128 one only.
-TEST(GemmValidation, SplitKTmaTiles) {
-  const GemmDesc d = make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kKN);
-  for (const auto& [bn, stages] : {std::pair<int, int>{256, 3}, {192, 4}, {128, 5}}) {
-    GemmConfig cfg{128, bn, 64, stages};
-    cfg.tma_store = true;
-    cfg.split_k = 5;
-    EXPECT_NO_THROW(validate(d, cfg)) << bn;
-    cfg.split_k = 1;
-    cfg.stream_k = true;
-    if (bn == 128) EXPECT_NO_THROW(validate(d, cfg));
-    else expect_invalid(d, cfg, "stream_k with tma_store is built for the 128x128x64/5 tile");
-  }
-  GemmConfig n160{128, 160, 64, 5};
-  n160.tma_store = true;
-  n160.split_k = 2;
-  expect_invalid(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), n160, kSplitTmaRule);
 }
 
 // A config changed in its tile, epilogue, split-K or ping-pong, and the message each change must
