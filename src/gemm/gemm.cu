@@ -55,7 +55,8 @@ constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 // tiles leave a wave mostly empty (2026-11-30 sweep v11: 4096x1280x8192 and 1024x5120x8192 run
 // 224 tiles of 128x192 in two waves, cuBLASLt 128 of 128x320; 1024x3584x4096 runs 112 tiles of
 // 128x256, cuBLASLt 256 of 128x112). 160: 5 x 36 KiB of A/B + 40 KiB of C staging = 220 KiB;
-// 224: 3 x 44 KiB + 56 KiB = 188 KiB (4 stages would need 232 KiB).
+// 224: 3 x 44 KiB + 56 KiB = 188 KiB (4 stages would need 232 KiB). choose_config's prices for
+// them: below.
 constexpr TileShape kTmaStoreN160Shape = {128, 160, 64, 5};
 constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
 
@@ -316,7 +317,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
   const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 1.03,
-               eff_96 = 0.81, eff_160 = 0.95, eff_224 = 0.98;
+               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
@@ -332,11 +333,13 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
       const Option whole_96{kTmaStoreN96Shape, true, false,
                             waves(tiles_of(kTmaStoreN96Shape)) * double(k_tiles) * 0.75 / eff_96};
       if (whole_96.time < best.time * (1 - 1e-9)) best = whole_96;
-      // The 160- and 224-column tiles, priced between their neighbours until measured (EXPERIMENT,
-      // written 2026-11-30 14:30): 160 at 0.95 (128: 0.96, 192: 1.03, 96: 0.81; the 32-column
-      // store boxes of 96), 224 at 0.98. Picked where they fill the waves: 4096x1280x8192 and
-      // 1024x5120x8192 (256 tiles of 160 in two waves against 224 of 192), 1024x3584x4096 (128
-      // tiles of 224 in one wave against 112 of 256).
+      // The 160- and 224-column tiles (B [N, K] only). Measured 2026-11-30 14:35-14:50: forced on
+      // 4096^3 and 8192^3 they run at ~1.0 of the wide tile per FLOP in the model's terms, and on
+      // multi-wave shapes 160 beats 192 by 0.2-2 % and 128 by 3-4 % but loses 1-3 % to 256, 224
+      // loses 1.5-3 % to 256. Priced at 0.97 and 0.98 they are picked where they fill the waves
+      // (4096x1280x8192, 1024x5120x8192 84 -> 98 % of cuBLASLt; 1024x2560x8192 89 -> 101 %;
+      // 1024x7168x8192 92 -> 98 %; 1024x3584x4096 87 -> 90 %) and on two multi-wave shapes
+      // against 128 (8192x1280x8192 94 -> 98 %), never against 256 on multi-wave shapes.
       const Option whole_160{kTmaStoreN160Shape, true, false,
                              waves(tiles_of(kTmaStoreN160Shape)) * double(k_tiles) * 1.25 / eff_160};
       if (whole_160.time < best.time * (1 - 1e-9)) best = whole_160;

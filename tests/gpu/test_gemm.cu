@@ -737,6 +737,11 @@ TEST(GemmValidation, N160N224TileRules) {
     EXPECT_EQ(kn.block_n % 64, 0) << m << "x" << n;
   }
   EXPECT_EQ(choose_config(make_desc(8192, 4096, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
+  // Multi-wave shapes (measured 2026-11-30): 160 over 128 (8192x1280x8192: 94 -> 98 %), not over
+  // 256 (4096x7168x4096: 1 % slower), nor 224 over 256 (4096x8192x4096: 2 % slower).
+  EXPECT_EQ(choose_config(make_desc(8192, 1280, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 160);
+  EXPECT_EQ(choose_config(make_desc(4096, 7168, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
+  EXPECT_EQ(choose_config(make_desc(4096, 8192, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
 }
 
 // A config changed in its tile, epilogue, split-K or ping-pong, and the message each change must
