@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [gemm_n160] [gemm_n160_more] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -509,6 +509,29 @@ if [[ " $what " == *" sanitize "* ]]; then
   done
   grep -E "^====|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tee "$OUT/sanitize_summary.log"
   summary+=("sanitize: sanitize_summary.log")
+fi
+if [[ " $what " == *" moe_ncu "* ]]; then
+  # Layer 0 with rows read in place (MoeFfnConfig::gather_rows; docs/moe-layers.md) against the
+  # TMA-fed layer 0 (all-gather with the local permute, and all-to-all): one GPU (W = 1: no peer,
+  # so ncu's serialised replay cannot deadlock on flags), Qwen3 and Mixtral at 4096 tokens, one
+  # profiled launch of the layer-0 kernel each (its schedule type in the demangled name).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  : > "$OUT/moe_ncu.log"
+  for v in "qwen3 gather L0GatherSchedule" "qwen3 allgather L0Schedule" "qwen3 alltoall L0Schedule" \
+           "mixtral gather L0GatherSchedule" "mixtral allgather L0Schedule"; do
+    set -- $v
+    echo "==== model=$1 mode=$2 kernel=$3" >> "$OUT/moe_ncu.log"
+    mode=$2; [ "$mode" = alltoall ] && mode=""
+    CUDA_VISIBLE_DEVICES=0 CCFUSE_MOE_DISPATCH_MODE=$mode timeout 150 ${NCU:-ncu} --clock-control none \
+      --kernel-name-base demangled --kernel-name regex:$3 --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats \
+      $BIN/ccfuse_moe_ffn_bench --model $1 --tokens 4096 --routing uniform --iters 1 --warmup 1 --sample 4 \
+      < /dev/null >> "$OUT/moe_ncu.log" 2>&1 || status=1
+  done
+  grep -E "^====|Duration|Memory Throughput|L1/TEX Hit|L2 Hit|Compute \(SM\) Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued" \
+    "$OUT/moe_ncu.log" > "$OUT/moe_ncu_summary.log"
+  summary+=("moe ncu: moe_ncu.log moe_ncu_summary.log")
 fi
 if [[ " $what " == *" gemm_ncu "* ]]; then
   # The narrow-tile L2 hypothesis (docs/gemm.md item 8): L2 and tensor-pipe counters of the
