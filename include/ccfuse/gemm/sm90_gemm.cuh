@@ -59,6 +59,13 @@ using namespace cute;
 #define CCFUSE_SEND_WARP_REGS 56
 #endif
 
+// Lanes of a gather warp that share one gathered A row (Schedule::kGatherA): 4 = each
+// cp.async instruction reads 64 contiguous bytes of 8 rows per warp (1 = 16 bytes of 32 rows,
+// the first version). An A/B switch for tools/stage_variant.sh.
+#ifndef CCFUSE_GATHER_LANES_PER_ROW
+#define CCFUSE_GATHER_LANES_PER_ROW 4
+#endif
+
 #ifndef CCFUSE_ADDEND_BATCH
 #define CCFUSE_ADDEND_BATCH 8  // column groups of a partial tile loaded per batch (add_addends)
 #endif
@@ -1053,14 +1060,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (kGatherA && threadIdx.x < 32 * kGatherWarps) {
       if constexpr (kGatherA) {
         // ---------------- producer warps 0 and 1, A gathered ----------------
-        // Lane l of warp g copies tile rows l + 32 (g + 2 i), a row's 8 chunks in turn (one
-        // 16-byte cp.async each); warp 0's lane 0 also loads B by TMA. One warp alone issued
-        // too slowly (2026-11-30: layer 0 at 1.7x the TMA-fed GEMM on Mixtral).
+        // kLanes lanes share a row: lane l of warp g copies chunks l % kLanes + kLanes j of tile
+        // rows l / kLanes + (32 / kLanes) (g + 2 i) (one 16-byte cp.async each), so that one
+        // instruction reads 16 kLanes contiguous bytes of each of its rows: whole 32-byte sectors
+        // (with one lane per row each sector was fetched from L2 twice, a half per instruction:
+        // ncu 2026-11-30, Mixtral layer 0 at 86 % of L2 throughput, 7 % L1 hits). Every lane of a
+        // row computes its address (and waits for its chunk) itself. Warp 0's lane 0 also loads B
+        // by TMA. One warp alone issued too slowly (2026-11-30: layer 0 at 1.7x the TMA-fed GEMM
+        // on Mixtral).
         const int lane = threadIdx.x % 32, gw = threadIdx.x / 32;
         Schedule producer_sched = sched;
         Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
-        constexpr int kRows = Traits::kBlockM / (32 * kGatherWarps);
         constexpr int kChunks = Traits::kBlockK * int(sizeof(Element)) / 16;
+        constexpr int kLanes = CCFUSE_GATHER_LANES_PER_ROW;
+        static_assert(kLanes >= 1 && kLanes <= kChunks && kChunks % kLanes == 0 && 32 % kLanes == 0,
+                      "lanes per gathered row: a divisor of the row's chunks and of the warp");
+        constexpr int kRowsPerPass = 32 / kLanes * kGatherWarps;
+        constexpr int kRows = Traits::kBlockM / kRowsPerPass;
+        const int row_lane = lane / kLanes + 32 / kLanes * gw, chunk_lane = lane % kLanes;
         constexpr uint32_t kBytesB = uint32_t(Traits::kBlockN * Traits::kBlockK * sizeof(Element));
         const uint32_t sa = cute::cast_smem_ptr_to_uint(ss.a);
         const int64_t row_bytes = int64_t(p.k) * int64_t(sizeof(Element));
@@ -1071,7 +1088,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const char* rows[kRows];
           unsigned valid = 0;
           // On a watchdog timeout load anyway (as wait_ready below): the host raises the error.
-          (void)producer_sched.gather_rows(w, lane + 32 * gw, 32 * kGatherWarps, rows, valid);
+          (void)producer_sched.gather_rows(w, row_lane, kRowsPerPass, rows, valid);
           Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
                                  make_coord(w.n_tile, _));
           auto [tBgB, tBsB] = tma_partition(tma_b, 0, Layout<_1>{}, group_modes<0, 2>(sB), group_modes<0, 2>(gB));
@@ -1081,9 +1098,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             const int64_t col0 = int64_t(kb) * Traits::kBlockK * int64_t(sizeof(Element));
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
-              const int r = lane + 32 * (gw + kGatherWarps * i);
+              const int r = row_lane + kRowsPerPass * i;
 #pragma unroll
-              for (int c = 0; c < kChunks; ++c) {
+              for (int j = 0; j < kChunks / kLanes; ++j) {
+                const int c = chunk_lane + kLanes * j;
                 const int64_t off = col0 + 16 * c;
                 const bool real = ((valid >> i) & 1u) != 0 && off < row_bytes;
                 const uint32_t dst = sa + uint32_t(gather_a_offset<Traits::kBlockM>(r, c, stage));
