@@ -652,20 +652,24 @@ void expect_invalid(const Desc& d, const GemmConfig& cfg, const char* message) {
   }
 }
 
-TEST(GemmValidation, N96TileRules) {
+// The rules every B [N, K]-only TMA-store tile (32-column boxes: 96, 160, 224 columns) shares:
+// whole tiles in clusters of 1 or 2, bf16 and fp16; not B [K, N], split-K, stream-K, other stage
+// counts, the register epilogue or grouped problems, each with its message.
+void expect_nk_only_tile_rules(int bn, int stages) {
+  SCOPED_TRACE(::testing::Message() << "128x" << bn << "/" << stages);
   GemmDesc d = make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK);
-  GemmConfig cfg{128, 96, 64, 7};
+  GemmConfig cfg{128, bn, 64, stages};
   cfg.tma_store = true;
   EXPECT_NO_THROW(validate(d, cfg));
   cfg.cluster_m = 2;
   EXPECT_NO_THROW(validate(d, cfg));
   d.dtype = DType::kFloat16;
   EXPECT_NO_THROW(validate(d, cfg));
-  EXPECT_EQ(to_string(cfg), "block=128x96x64 stages=7 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store");
+  EXPECT_EQ(to_string(cfg), detail::str_cat("block=128x", bn, "x64 stages=", stages,
+                                            " sms=0 order=row group_m=8 cluster=2 epilogue=tma_store"));
   d.b_layout = BLayout::kKN;
-  expect_invalid(d, cfg,
-                 "tile 128x96 needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which do "
-                 "not tile 96 columns");
+  expect_invalid(d, cfg, detail::str_cat("tile 128x", bn, " needs B [N, K] (b_layout nk): B [K, N] is loaded in ",
+                                         "64-column swizzle atoms, which do not tile ", bn, " columns").c_str());
   d.b_layout = BLayout::kNK;
   cfg.cluster_m = 1;
   cfg.split_k = 2;
@@ -675,15 +679,20 @@ TEST(GemmValidation, N96TileRules) {
   expect_invalid(d, cfg, "stream_k with tma_store is built for the 128x128x64/5 tile");
   cfg.stream_k = false;
   GemmConfig other = cfg;
-  other.stages = 6;  // 7 is the one built
-  expect_invalid(d, other,
-                 "tile 128x96x64 with 6 stages is not built with tma_store (built: 128x256x64/3, 128x224x64/3, "
-                 "128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7)");
+  other.stages = stages - 1;  // only `stages` is built
+  expect_invalid(d, other, detail::str_cat("tile 128x", bn, "x64 with ", stages - 1, " stages is not built with ",
+                                           "tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, ",
+                                           "128x160x64/5, 128x128x64/5, 128x96x64/7)").c_str());
   other = cfg;
   other.tma_store = false;  // registers: not built
   EXPECT_THROW(validate(d, other), InvalidArgument);
-  expect_invalid(two_groups(192, 128, BLayout::kNK), cfg,
-                 "tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x96");
+  expect_invalid(two_groups(256, 128, BLayout::kNK), cfg,
+                 detail::str_cat("tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 ",
+                                 "tiles, not 128x", bn).c_str());
+}
+
+TEST(GemmValidation, N96TileRules) {
+  expect_nk_only_tile_rules(96, 7);
   // choose_config: the one-wave B [N, K] shapes the tile is meant for take it (1024x768x4096 keeps
   // split-K in 2), B [K, N] never does.
   for (const auto& [m, n, k, picked] : {std::tuple<int64_t, int64_t, int64_t, bool>{1024, 1536, 4096, true},
@@ -697,34 +706,8 @@ TEST(GemmValidation, N96TileRules) {
 // The 160- and 224-column TMA-store tiles: whole tiles of B [N, K] in clusters of 1 or 2 (32-column
 // boxes as the 96 tile); not B [K, N], cut or grouped; chosen where they fill the waves.
 TEST(GemmValidation, N160N224TileRules) {
-  for (const auto& [bn, stages] : {std::pair<int, int>{160, 5}, {224, 3}}) {
-    GemmDesc d = make_desc(1024, 3584, 4096, DType::kBFloat16, BLayout::kNK);
-    GemmConfig cfg{128, bn, 64, stages};
-    cfg.tma_store = true;
-    EXPECT_NO_THROW(validate(d, cfg));
-    cfg.cluster_m = 2;
-    EXPECT_NO_THROW(validate(d, cfg));
-    d.dtype = DType::kFloat16;
-    EXPECT_NO_THROW(validate(d, cfg));
-    d.b_layout = BLayout::kKN;
-    const std::string kn = detail::str_cat("tile 128x", bn, " needs B [N, K] (b_layout nk): B [K, N] is loaded in ",
-                                           "64-column swizzle atoms, which do not tile ", bn, " columns");
-    expect_invalid(d, cfg, kn.c_str());
-    d.b_layout = BLayout::kNK;
-    cfg.cluster_m = 1;
-    cfg.split_k = 2;
-    expect_invalid(d, cfg, "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
-    cfg.split_k = 1;
-    GemmConfig other = cfg;
-    other.stages = stages + 1;
-    const std::string st = detail::str_cat("tile 128x", bn, "x64 with ", stages + 1, " stages is not built with ",
-                                           "tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, ",
-                                           "128x160x64/5, 128x128x64/5, 128x96x64/7)");
-    expect_invalid(d, other, st.c_str());
-    const std::string grouped =
-        detail::str_cat("tma_store in the grouped GEMM is built for the 128x256x64/3 and 128x128x64/5 tiles, not 128x", bn);
-    expect_invalid(two_groups(256, 128, BLayout::kNK), cfg, grouped.c_str());
-  }
+  expect_nk_only_tile_rules(160, 5);
+  expect_nk_only_tile_rules(224, 3);
   // choose_config: 256 tiles of 160 columns in two waves against 224 of 192 (4096x1280x8192,
   // 1024x5120x8192); 128 tiles of 224 in one wave against 112 of 256 (1024x3584x4096); never for
   // B [K, N]; not where the 256 tile fills the waves.
