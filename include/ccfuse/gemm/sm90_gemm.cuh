@@ -59,11 +59,13 @@ using namespace cute;
 #define CCFUSE_SEND_WARP_REGS 56
 #endif
 
-// Lanes of a gather warp that share one gathered A row (Schedule::kGatherA): 4 = each
-// cp.async instruction reads 64 contiguous bytes of 8 rows per warp (1 = 16 bytes of 32 rows,
-// the first version). An A/B switch for tools/stage_variant.sh.
+// Lanes of a gather warp that share one gathered A row (Schedule::kGatherA): 2 = each cp.async
+// instruction reads one whole 32-byte sector of each of 16 rows per warp. Measured 2026-11-30 on
+// the 18 MoE cases (docs/perf-notes.md): 1 lane (16 bytes of 32 rows: each sector fetched from
+// L2 twice) the slowest, then 8 (a 128-byte line of 4 rows), 4 (64 bytes of 8 rows), 2 the
+// fastest (layer 0 2.9 % below 4 lanes, geomean). An A/B switch for tools/stage_variant.sh.
 #ifndef CCFUSE_GATHER_LANES_PER_ROW
-#define CCFUSE_GATHER_LANES_PER_ROW 4
+#define CCFUSE_GATHER_LANES_PER_ROW 2
 #endif
 
 #ifndef CCFUSE_ADDEND_BATCH
@@ -1062,12 +1064,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // ---------------- producer warps 0 and 1, A gathered ----------------
         // kLanes lanes share a row: lane l of warp g copies chunks l % kLanes + kLanes j of tile
         // rows l / kLanes + (32 / kLanes) (g + 2 i) (one 16-byte cp.async each), so that one
-        // instruction reads 16 kLanes contiguous bytes of each of its rows: whole 32-byte sectors
-        // (with one lane per row each sector was fetched from L2 twice, a half per instruction:
-        // ncu 2026-11-30, Mixtral layer 0 at 86 % of L2 throughput, 7 % L1 hits). Every lane of a
-        // row computes its address (and waits for its chunk) itself. Warp 0's lane 0 also loads B
-        // by TMA. One warp alone issued too slowly (2026-11-30: layer 0 at 1.7x the TMA-fed GEMM
-        // on Mixtral).
+        // instruction reads 16 kLanes contiguous bytes of each of its rows, whole 32-byte sectors
+        // from kLanes = 2 on (with one lane per row each sector was fetched from L2 twice, a half
+        // per instruction: ncu 2026-11-30, Mixtral layer 0 at 86 % of L2 throughput, 7 % L1
+        // hits). Every lane of a row computes its address (and waits for its chunk) itself. Warp
+        // 0's lane 0 also loads B by TMA. One warp alone issued too slowly (2026-11-30: layer 0 at
+        // 1.7x the TMA-fed GEMM on Mixtral).
         const int lane = threadIdx.x % 32, gw = threadIdx.x / 32;
         Schedule producer_sched = sched;
         Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
