@@ -453,8 +453,9 @@ if [[ " $what " == *" gemm_n160 "* ]]; then
 fi
 if [[ " $what " == *" gemm_n160_more "* ]]; then
   # The multi-wave shapes whose choice would switch to 160 or 224 with both priced at 1.0 (their
-  # speed per FLOP forced on 4096^3 and 8192^3, 2026-11-30 14:35): the engine's pick (0.95 / 0.98)
-  # against each forced, in the same run.
+  # speed per FLOP forced on 4096^3 and 8192^3, 2026-11-30 14:35): the engine's pick against each
+  # forced, in the same run (run with 160 priced at 0.95; since then 0.97 picks it on the two
+  # shapes where it won, 8192x1280x8192 and 4096x2560x8192).
   gemm_ab gemm_n160_more CCFUSE_GEMM_TILE_N 160 "4096 14336 4096" "4096 7168 4096" "8192 7168 4096" \
     "1024 28672 8192" "4096 2560 8192" "4096 14336 8192" "8192 1280 8192" "4096 7168 8192" "8192 7168 8192"
   gemm_ab gemm_n224_more CCFUSE_GEMM_TILE_N 224 "4096 8192 4096" "4096 8192 14336" "4096 8192 2048" \
