@@ -330,6 +330,8 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == allgather ]] && mode=allgather
     [[ $variant == gather ]] && mode=gather  # all-gather, layer 0 reading its rows in place (MoeFfnConfig::gather_rows)
     l0order=""; [[ $variant == expertorder || $variant == stripedinter ]] && l0order=expert
+    # gatherlocal: rows read in place with local-first tiles (MoeFfnConfig::local_first = 1).
+    [[ $variant == gatherlocal ]] && { mode=gather; l0order=local; }
     striped=""; [[ $variant == striped* ]] && striped=1
     [[ $variant == stripedinter ]] && order=interleave
     # striped8inter / striped16inter: the same with 8 or 16 rows a warp a round (MoeFfnConfig::stripe_rows).

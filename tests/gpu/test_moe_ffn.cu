@@ -470,6 +470,14 @@ std::vector<Case> cases() {
                     0, presum};
   expert_order.local_first = 0;
   v.push_back(expert_order);
+  // Rows read in place with the local-first order (an experiment written 2026-11-30, not yet run
+  // on a GPU): the row tiles of only this rank's tokens first, read from x without a wait, while
+  // the peer's push (phase 1) lands.
+  Case gather_local = local_first;
+  gather_local.name = "gather_rows_local_first_zipf_uneven_8sms";
+  gather_local.dispatch = MoeDispatch::kAllGather;
+  gather_local.gather_rows = true;
+  v.push_back(gather_local);
   // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch; experiment 2026-11-30): rows dealt
   // to every CTA's send warps, a count per unit. Uneven ranks with drops and Zipf skew (units cut
   // short), top-8 with interleaved sends and a rank without tokens, few CTAs (each warp copies rows
