@@ -86,7 +86,7 @@ if [[ " $what " == *" tp "* ]]; then
               "gemm_rs 1024 8192 28672" \
               "gemm_ar 8192 8192 28672" "gemm_ar 4096 4096 14336" "gemm_ar 1024 8192 28672"; do
     set -- $spec
-    [[ -n "${CCFUSE_TP_ONLY:-}" && "$1" != "$CCFUSE_TP_ONLY" ]] && continue  # one op only (A/B of a build)
+    [[ -n "${CCFUSE_TP_ONLY:-}" && " $CCFUSE_TP_ONLY " != *" $1 "* ]] && continue  # these ops only (A/B of a build)
     timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --dtype bf16 --json "$OUT/tp_baselines.jsonl" \
       2>&1 | tee -a "$OUT/tp_baselines.log"
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
@@ -357,16 +357,22 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # after their entry barrier (CCFUSE_TP_PDL=1, every op).
   # bn192: ag_gemm with 192-column tiles (CCFUSE_AG_BLOCK_N=192; opt-in, measured 0.97-1.04x the
   # 256 tile's time 2026-11-30). bn256: the default, explicitly.
+  # rsreg: gemm_rs and gemm_ar storing their tiles from registers (CCFUSE_RS_TMA_STORE=0, v1; the
+  # TMA-store epilogue is the default since 2026-11-30 evening). rsldadd: TMA stores, but the own
+  # band's peer partials loaded by every consumer thread (CCFUSE_RS_TMA_ADDENDS=0) instead of by TMA.
   # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
   for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
+    check_op=ag_gemm
     case $variant in
+      rsreg) vars=(CCFUSE_RS_TMA_STORE=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
+      rsldadd) vars=(CCFUSE_RS_TMA_ADDENDS=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
       bn256|bn192) vars=(CCFUSE_AG_BLOCK_N=${variant#bn} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       *) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm) ;;
     esac
     env "${vars[@]}" OUT="$OUT/$variant" bash "$0" tp > "$OUT/tp_$variant.log" 2>&1 || status=1
-    env "${vars[@]}" timeout 120 $BIN/ccfuse check --op ag_gemm --m 1024 --n 520 --k 784 --dtype bf16 \
+    env "${vars[@]}" timeout 120 $BIN/ccfuse check --op $check_op --m 1024 --n 520 --k 784 --dtype bf16 \
       2>&1 | tee -a "$OUT/tp_ab_check.log" | tail -n 1
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
     summary+=("tp variant $variant (${vars[*]}): $OUT/tp_$variant.log")

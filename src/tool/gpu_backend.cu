@@ -117,6 +117,18 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   cfg.group_m = c.group_m;
   cfg.cluster_m = cluster_override();
   cfg.overlap_entry = pdl_override();
+  // A/B runs (tools/gpu_run.sh tp_ab, variant rsreg): CCFUSE_RS_TMA_STORE=0 stores gemm_rs /
+  // gemm_ar tiles from registers (v1) instead of through TMA.
+  if (const char* v = std::getenv("CCFUSE_RS_TMA_STORE"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_TMA_STORE '", t, "' must be 0 or 1");
+    cfg.tma_store = t == "1";
+  }
+  if (const char* v = std::getenv("CCFUSE_RS_TMA_ADDENDS"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_TMA_ADDENDS '", t, "' must be 0 or 1");
+    cfg.tma_addends = t == "1";
+  }
   return cfg;
 }
 std::string fused_config(const Options& o, int sms) {
@@ -125,7 +137,7 @@ std::string fused_config(const Options& o, int sms) {
     const tp::AgGemmDesc d = ag_desc(o);
     return "ag_gemm v2 (" + tp::to_string(ag_config(c), sms, &d) + "; tuner: " + c.source + ")";
   }
-  return o.op + " v1 (" + tp::to_string(rs_config(c), sms, o.op == "gemm_ar") + "; tuner: " + c.source + ")";
+  return o.op + " v1 (" + tp::to_string(rs_config(c), sms, o.op == "gemm_ar", o.n) + "; tuner: " + c.source + ")";
 }
 size_t elem_size(DType t) { return size_t(dtype_size(t)); }
 cudaDataType_t cuda_type(DType t) { return t == DType::kFloat32 ? CUDA_R_32F : CUDA_R_16BF; }

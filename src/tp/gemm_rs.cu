@@ -34,6 +34,16 @@ struct RsEpilogue {
   static constexpr bool kHasSendWarps = true;
   static constexpr bool kHasAddends = true;
   static constexpr bool kHasTail = kAllReduce;
+  // With the TMA-store epilogue (GemmRsConfig::tma_store): whole tiles go through TMA, the own
+  // band's to C, the peers' bands' to the staging buffer (tma_target); a band's last tile, when
+  // cut short by the band's end, from registers (out()).
+  static constexpr bool kTmaStoreOk = true;
+  static constexpr bool kTmaAltC = true;
+  // ... and, with GemmRsConfig::tma_addends, a whole own-band tile's peer partials come into the
+  // staging buffer by TMA (addend_map: this rank's receive buffer as [W * m_local, N]).
+  static constexpr bool kTmaAddends = true;
+  const void* addend_map = nullptr;
+  bool tma_addends = false;
 
   Element* recv[kMaxTpRanks] = {};   // every rank's receive buffer [W][m_local][N]
   Element* agout[kMaxTpRanks] = {};  // GemmAr: every rank's symmetric output [M, N]
@@ -69,6 +79,9 @@ struct RsEpilogue {
     }
   }
   __device__ int num_addends(const gemm::TileWork&) const { return world - 1; }
+  __device__ int64_t addend_row(const gemm::TileWork& w, int i) const {
+    return int64_t((rank + 1 + i) % world) * m_local + row_in_band(w);
+  }
   __device__ const Element* addend(const gemm::TileWork& w, int i, int64_t& ld) const {
     ld = n;
     const int src = (rank + 1 + i) % world;
@@ -82,6 +95,17 @@ struct RsEpilogue {
     }
     out_ld = ldc;
     return c + (kAllReduce ? w.row0 : row_in_band(w)) * ldc;
+  }
+
+  // TMA store: the own band to C (launch's c, [m_local or M, N]) at the tile's row in it, a peer's
+  // band to the staging buffer (c_alt, [M, N]) at its row.
+  __device__ bool tma_target(const gemm::TileWork& w, int64_t& row) const {
+    if (band_of(w) != rank) {
+      row = w.row0;
+      return true;
+    }
+    row = kAllReduce ? w.row0 : row_in_band(w);
+    return false;
   }
 
   // ---- send warps: forward each finished tile and release its flag ----
@@ -141,10 +165,15 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 }  // namespace
 
-std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce) {
+// The TMA-store epilogue runs where asked for, unclustered, with rows of a multiple of 16 bytes.
+static bool rs_tma_store(const GemmRsConfig& c, int64_t n) { return c.tma_store && c.cluster_m == 1 && n % 8 == 0; }
+
+std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce, int64_t n) {
   std::ostringstream os;
-  os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=4 cluster="
-     << c.cluster_m
+  const bool tma = rs_tma_store(c, n);
+  os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=" << (tma ? 3 : 4)
+     << " epilogue=" << (tma ? (c.tma_addends ? "tma_store+tma_addends" : "tma_store") : "registers")
+     << " cluster=" << c.cluster_m
      << (c.overlap_entry ? " entry=pdl" : "") << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
      << (all_reduce ? " allgather=epilogue-stores+tail-copy" : "");
@@ -161,6 +190,7 @@ struct RsState {
   int m_tiles_per_band = 0, n_tiles = 0;
   std::unique_ptr<comm::SymmetricBuffer> recv, agout;
   void* staging = nullptr;  // local [M, N]
+  void* addend_map = nullptr;  // device copy of the receive buffer's TMA descriptor (tma_addends)
   gemm::TileTrace* trace = nullptr;
   int trace_slots = 0;
   std::unique_ptr<comm::SignalSet> sig;
@@ -191,6 +221,17 @@ struct RsState {
     recv = team.alloc_symmetric(size_t(d.m * d.n) * 2);
     CCFUSE_CUDA_CHECK(cudaMalloc(&staging, size_t(d.m * d.n) * 2));
     if (ar) agout = team.alloc_symmetric(size_t(d.m * d.n) * 2);
+    if (rs_tma_store(cfg, d.n) && cfg.tma_addends) {
+      // The staging buffer's box and swizzle (the same for both B layouts), built once.
+      const gemm::sm90::TmaDescriptor map =
+          d.dtype == DType::kBFloat16
+              ? gemm::sm90::make_addend_map<gemm::sm90::Traits<cutlass::bfloat16_t, kBlockM, kBlockN, 64, 3, true, 1, true>>(
+                    static_cast<const cutlass::bfloat16_t*>(recv->local()), d.m, d.n)
+              : gemm::sm90::make_addend_map<gemm::sm90::Traits<cutlass::half_t, kBlockM, kBlockN, 64, 3, true, 1, true>>(
+                    static_cast<const cutlass::half_t*>(recv->local()), d.m, d.n);
+      CCFUSE_CUDA_CHECK(cudaMalloc(&addend_map, sizeof(map)));
+      CCFUSE_CUDA_CHECK(cudaMemcpy(addend_map, &map, sizeof(map), cudaMemcpyHostToDevice));
+    }
     sig = team.make_signals(op, int(tpb * w * (ar ? 2 : 1)));
   }
 
@@ -243,6 +284,8 @@ struct RsState {
     }
     epi.c = static_cast<E*>(c);
     epi.staging = static_cast<E*>(staging);
+    epi.addend_map = addend_map;
+    epi.tma_addends = addend_map != nullptr;
     epi.m_local = m_local;
     epi.n = d.n;
     epi.ldc = d.n;
@@ -257,7 +300,10 @@ struct RsState {
     const int sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
     const int64_t ldb = d.b_layout == gemm::BLayout::kKN ? d.n : d.k;
     const bool nk = d.b_layout == gemm::BLayout::kNK;
-    if (cfg.cluster_m == 2) {
+    if (rs_tma_store(cfg, d.n)) {  // 3 stages: the staging tile takes the fourth's shared memory
+      if (nk) launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 3, true, 1, true>>(a, b, ldb, c, sched, epi, sms, stream);
+      else launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 3, false, 1, true>>(a, b, ldb, c, sched, epi, sms, stream);
+    } else if (cfg.cluster_m == 2) {
       if (nk) launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, true, 2>>(a, b, ldb, c, sched, epi, sms, stream);
       else launch<gemm::sm90::Traits<E, kBlockM, kBlockN, 64, 4, false, 2>>(a, b, ldb, c, sched, epi, sms, stream);
     } else {
@@ -270,11 +316,14 @@ struct RsState {
               cudaStream_t stream) {
     const GemmRsDesc& d = desc;
     gemm::sm90::launch_gemm<T>(d.m, d.n, d.k, a, d.k, b, ldb, c, d.n, sched, epi, sms, stream, 1, 0, nullptr, 0,
-                               cfg.overlap_entry && T::kClusterM == 1);
+                               cfg.overlap_entry && T::kClusterM == 1, all_reduce ? d.m : m_local, staging, d.m);
   }
 };
 
-RsState::~RsState() { cudaFree(staging); }
+RsState::~RsState() {
+  cudaFree(staging);
+  cudaFree(addend_map);
+}
 
 struct GemmRs::State : RsState {
   using RsState::RsState;

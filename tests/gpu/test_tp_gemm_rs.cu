@@ -52,12 +52,15 @@ struct Case {
   bool all_reduce;
   int cluster_m = 1;  // GemmRsConfig::cluster_m (2: 2-CTA clusters)
   bool overlap_entry = false;  // GemmRsConfig::overlap_entry (PDL after the entry barrier)
+  bool tma_store = true;       // GemmRsConfig::tma_store (false: the register epilogue, v1)
+  bool tma_addends = true;     // GemmRsConfig::tma_addends
 };
 
 std::string case_name(const Case& c) {
   return detail::str_cat(c.all_reduce ? "ar_" : "rs_", c.m, "x", c.n, "x", c.k, "_", gemm::b_layout_name(c.layout), "_",
                          dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "",
-                         c.overlap_entry ? "_pdl" : "");
+                         c.overlap_entry ? "_pdl" : "", c.tma_store ? "" : "_regs",
+                         c.tma_store && !c.tma_addends ? "_ldaddends" : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -99,6 +102,8 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     GemmRsConfig cfg;
     cfg.cluster_m = cs.cluster_m;
     cfg.overlap_entry = cs.overlap_entry;
+    cfg.tma_store = cs.tma_store;
+    cfg.tma_addends = cs.tma_addends;
     if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
     else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
@@ -201,6 +206,15 @@ std::vector<Case> cases() {
     // PDL after the entry barrier (passed on 2x H200 2026-11-30)
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, true});
+    // The TMA-store epilogue (the default) above: whole tiles through TMA (the own band's to C,
+    // the peers' to the staging buffer), a band's cut last tile (bands of 500 and 24 rows) and
+    // N % 8 != 0 (below) from registers. The register epilogue everywhere (v1, opt-out):
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, false, false});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, false});
+    v.push_back({512, 260, 256, gemm::BLayout::kNK, DType::kBFloat16, ar});  // N % 8 != 0: registers
+    // TMA stores with the addends loaded by each thread (tma_addends = false).
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, false, true, false});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, false});
   }
   return v;
 }

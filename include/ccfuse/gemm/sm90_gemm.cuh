@@ -136,6 +136,7 @@ struct Traits {
     alignas(1024) Element c[kTmaStore ? kBlockM * kBlockN * kStagingTiles : 8];  // kTmaStore staging
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
+    alignas(8) uint64_t addend_full;  // Epilogue::kTmaAddends: a partial tile loaded into the staging buffer
     uint32_t tiles_handed;  // kHasSendWarps: tiles stored by the consumers so far
     int fixup_last;         // kHasFixup: is this part its tile's last (fixup_sum)
     uint64_t trace_t[3];    // tile traces: start, mma_done, addends_ready of the current tile
@@ -653,18 +654,20 @@ __device__ __forceinline__ void block_scales(const Params<Element>& p, const Epi
   }
 }
 
-// One TMA store per sub-tile of Traits::kStoreCols columns from the staging buffer `c` (rows and
-// columns past M, N are clipped by TMA), by one thread; then commits them as one bulk group.
+// One TMA store per sub-tile of Traits::kStoreCols columns from the staging buffer `c` to rows
+// [row0, row0 + kBlockM) of tma_c's tensor (rows and columns past its edge are clipped by TMA), by
+// one thread; then commits them as one bulk group. row0 is w.row0 unless the epilogue says
+// otherwise (tma_target).
 template <class Traits, class Epilogue, class TmaC>
 __device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::Element>& p, const TmaC& tma_c,
-                                                  typename Traits::Element* c, const TileWork& w) {
+                                                  typename Traits::Element* c, const TileWork& w, int64_t row0) {
   constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
   constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
   constexpr int kOutCols = kGlu ? kBN / 2 : kBN;
   Tensor sC = make_tensor(make_smem_ptr(c), typename Traits::SmemLayoutC{});  // (BM, kSub, BN / kSub)
   const int out_n = kGlu ? p.n / 2 : p.n;  // the C tensor's columns (launch_gemm's tma_c)
   Tensor mC = tma_c.get_tma_tensor(make_shape(p.m, out_n));
-  Tensor gC = local_tile(domain_offset(make_coord(int(w.row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
+  Tensor gC = local_tile(domain_offset(make_coord(int(row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
                          make_coord(0, _));  // (BM, kSub, N / kSub)
   auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
   CUTE_UNROLL
@@ -684,7 +687,7 @@ __device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::
 template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
 __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                                Storage& ss, const TmaC& tma_c, const Accum& accum, int consumer_idx,
-                                               const TileWork& w) {
+                                               const TileWork& w, int64_t row0) {
   constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
   static_assert((kGlu ? Traits::kBlockN / 2 : Traits::kBlockN) % Traits::kStoreCols == 0,
                 "whole TMA boxes (kStoreCols columns) per tile");
@@ -698,7 +701,7 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   stage_block<Traits, Epilogue>(accum, block_row0, t, scale, reinterpret_cast<char*>(ss.c));
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
-  if (consumer_idx == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, ss.c, w);
+  if (consumer_idx == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, ss.c, w, row0);
 }
 
 // The TMA-store epilogue of ping-pong consumers (Traits::kPingpong): warpgroup `wg` stores its own
@@ -722,7 +725,7 @@ __device__ __forceinline__ void store_tile_tma_wg(const Params<typename Traits::
   }
   cutlass::arch::fence_view_async_shared();
   named_barrier_sync(3 + wg, 128);
-  if (t == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, c, w);
+  if (t == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, c, w, w.row0);
 }
 
 // Two 16-bit values as one 32-bit word (the low one first, as in memory), and back to floats.
@@ -791,6 +794,86 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
         }
       }
     }
+  }
+}
+
+// Epilogue::kTmaAddends (with the TMA-store epilogue): a whole tile's partial tiles are loaded by
+// TMA into the staging buffer, one after the other, instead of by each thread from global memory
+// (add_addends): epi.addend_map is a TMA descriptor in global memory of the addends' tensor (the
+// staging buffer's element type, box and swizzle: launch-independent, built once by the host, see
+// make_addend_map), and epi.addend_row(w, i) the row of that tensor where addend i of tile w
+// starts (its columns are the tile's). Cut tiles still take add_addends.
+template <class E, class = void>
+struct HasTmaAddends : std::false_type {};
+template <class E>
+struct HasTmaAddends<E, std::void_t<decltype(E::kTmaAddends)>> : std::bool_constant<E::kTmaAddends> {};
+
+// The TMA descriptor of an addend tensor [rows, n] (row stride n) in the staging buffer's box and
+// swizzle, for Epilogue::kTmaAddends; the caller copies the 128 bytes to device memory.
+template <class Traits>
+TmaDescriptor make_addend_map(const typename Traits::Element* base, int64_t rows, int64_t n) {
+  auto tma = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_c(const_cast<typename Traits::Element*>(base), rows, n, n),
+                           typename Traits::SmemLayoutC{}(_, _, 0));
+  return *tma.get_tma_descriptor();
+}
+
+// kTmaAddends: adds the tile's partial tiles into a consumer warpgroup's accumulators through the
+// staging buffer. For each addend consumer thread 0 waits until the previous tile's TMA stores
+// have read the buffer, then loads the partial tile into it (kBlockN / kStoreCols boxes, one
+// mbarrier); every consumer thread reads its fragment's values at the positions stage_block
+// writes them (same swizzle), adds them in fp32, and a barrier keeps the buffer until all have.
+// The caller has waited for the addends' flags (and the consumers' barrier after it).
+template <class Traits, class Epilogue, class Storage, class Accum>
+__device__ __forceinline__ void add_addends_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                                Storage& ss, Accum& accum, int consumer_idx, const TileWork& w,
+                                                uint32_t& phase) {
+  using Element = typename Traits::Element;
+  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  constexpr int kThreads = 128 * Traits::kConsumerWGs;
+  constexpr uint32_t kBoxBytes = uint32_t(Traits::kBlockM * kSub * sizeof(Element));
+  // Boxes that start past N are not loaded (their columns are never stored; what the buffer held
+  // there is added to accumulators nobody reads).
+  const int boxes = min(kBN / kSub, int((p.n - int64_t(w.n_tile) * kBN + kSub - 1) / kSub));
+  static_assert(Epilogue::kAct == Activation::kNone, "addends are summed before the store, without activation");
+  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
+  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
+  const int c0 = 2 * (lane % 4);
+  const int swizzle = Traits::staging_swizzle(row);  // = staging_swizzle(row + 8)
+  auto* bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&ss.addend_full);
+  const char* c_bytes = reinterpret_cast<const char*>(ss.c);
+  const int n_add = epi.num_addends(w);
+  for (int i = 0; i < n_add; ++i) {
+    if (consumer_idx == 0) {
+      tma_store_wait<0>();  // the previous tile's stores have read the buffer
+      // The peers wrote the partials with generic stores (acquired by the caller's flag wait);
+      // TMA reads them through the async proxy.
+      if (i == 0) asm volatile("fence.proxy.async.global;" ::: "memory");
+      bar->arrive_and_expect_tx(kBoxBytes * uint32_t(boxes));
+      const uint64_t map = reinterpret_cast<uint64_t>(epi.addend_map);
+      const uint32_t mbar = uint32_t(__cvta_generic_to_shared(bar));
+      const int row0 = int(epi.addend_row(w, i));
+      for (int s = 0; s < boxes; ++s) {
+        const uint32_t dst = uint32_t(__cvta_generic_to_shared(ss.c + s * (Traits::kBlockM * kSub)));
+        const int col = w.n_tile * kBN + s * kSub;
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+            "l"(map), "r"(mbar), "r"(col), "r"(row0)
+            : "memory");
+      }
+    }
+    bar->wait(phase);
+    phase ^= 1u;
+    CUTE_UNROLL
+    for (int j = 0; j < kBN / 8; ++j) {
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int offset = Traits::staging_chunk(row + 8 * h, j, swizzle) + c0 * int(sizeof(Element));
+        const float2 f = unpack_pair(*reinterpret_cast<const uint32_t*>(c_bytes + offset), Element{});
+        accum(4 * j + 2 * h) += f.x;
+        accum(4 * j + 2 * h + 1) += f.y;
+      }
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads));  // every thread has read before the buffer is reused
   }
 }
 
@@ -905,6 +988,15 @@ struct tma_store_ok : std::false_type {};
 template <class S>
 struct tma_store_ok<S, std::void_t<decltype(S::kTmaStoreOk)>> : std::bool_constant<S::kTmaStoreOk> {};
 
+// Epilogue::kTmaAltC: the TMA-store epilogue has two destinations, launch_gemm's c and c_alt
+// (same columns and row stride), and epi.tma_target(w, row0) picks one per tile (true = c_alt) and
+// the row of that tensor the tile's first row goes to (GEMM+ReduceScatter: its own band to C at
+// the band's row, the peers' bands to the local staging buffer). Absent = c at w.row0.
+template <class E, class = void>
+struct HasTmaAltC : std::false_type {};
+template <class E>
+struct HasTmaAltC<E, std::void_t<decltype(E::kTmaAltC)>> : std::bool_constant<E::kTmaAltC> {};
+
 // Epilogue::trace (TileTrace*, null = off) and Epilogue::trace_slots: per-tile timestamps
 // (ccfuse/gemm/gemm.h). Epilogues without the members pay nothing.
 template <class E, class = void>
@@ -960,7 +1052,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a,
                 CUTE_GRID_CONSTANT const typename Traits::TmaB tma_b,
                 CUTE_GRID_CONSTANT const typename Traits::TmaA tma_a_alt,
-                CUTE_GRID_CONSTANT const typename Traits::TmaC tma_c) {
+                CUTE_GRID_CONSTANT const typename Traits::TmaC tma_c,
+                CUTE_GRID_CONSTANT const typename Traits::TmaC tma_c_alt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   int side_ctas = 0;
   if constexpr (Schedule::kHasSide) {
@@ -1017,6 +1110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       constexpr int kStageWGs = Traits::kPingpong ? 1 : Traits::kConsumerWGs;
       empty[s].init(kCluster == 1 ? 128 * kStageWGs : 4 * kStageWGs * kCluster);
     }
+    if constexpr (HasTmaAddends<Epilogue>::value) reinterpret_cast<FullBarrier*>(&ss.addend_full)->init(1);
     cutlass::arch::fence_barrier_init();
     ss.tiles_handed = 0;
   }
@@ -1261,6 +1355,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     constexpr bool kTrace = HasTileTrace<Epilogue>::value;
     int trace_index = 0;
     uint64_t* trace_t = ss.trace_t;
+    // A tile handed to the send warps reads what the consumers stored. A TMA-stored tile's writes
+    // belong to the async proxy and complete some time after the store is issued, so consumer
+    // thread 0 hands it over only after the next tile's mainloop (or after the last tile): then it
+    // waits for the writes (cp.async.bulk.wait_group 0, which by then costs nothing), orders
+    // them before the generic proxy, and releases the count. Hand-overs stay in tile order.
+    constexpr bool kDeferHandover = Traits::kTmaStore && Epilogue::kHasSendWarps;
+    bool handover_pending = false;  // consumer thread 0: a TMA-stored tile not yet handed over
+    uint32_t addend_phase = 0;      // kTmaAddends: the parity of ss.addend_full's next phase
+    (void)addend_phase;
+    auto hand_over = [&ss]() {
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_block> count(ss.tiles_handed);
+      count.fetch_add(1u, cuda::memory_order_release);
+    };
+    auto flush_handover = [&]() {
+      if (kDeferHandover && handover_pending) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        hand_over();
+        handover_pending = false;
+      }
+    };
     for (int64_t t = unit_start; t < num_units; t += unit_stride) {
       const TileWork w = work_of(t);
       if constexpr (HasFixup<Schedule>::value) {
@@ -1282,6 +1397,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           trace_t[2] = trace_t[1];
         }
       }
+      if (consumer_idx == 0) flush_handover();  // before any wait on a peer: the peer may wait for it
       if constexpr (Epilogue::kHasAddends) {
         if (epi.has_addends(w)) {  // the same for every consumer thread of the CTA
           if (consumer_idx == 0) {
@@ -1290,7 +1406,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           // The wait's acquire happens-before every consumer thread's loads of the addends.
           asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
-          add_addends<Traits>(p, epi, accum, consumer_idx, w);
+          if constexpr (HasTmaAddends<Epilogue>::value && Traits::kTmaStore) {
+            if (epi.tma_addends && (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end))
+              add_addends_tma<Traits>(p, epi, ss, accum, consumer_idx, w, addend_phase);
+            else
+              add_addends<Traits>(p, epi, accum, consumer_idx, w);
+          } else {
+            add_addends<Traits>(p, epi, accum, consumer_idx, w);
+          }
           if constexpr (kTrace) {
             if (epi.trace != nullptr && consumer_idx == 0) trace_t[2] = globaltimer_ns();
           }
@@ -1301,16 +1424,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                       "tiles cut along K are built for plain epilogues");
         if (w.fixup_tile >= 0 && !fixup_sum<Traits>(sched, ss, accum, consumer_idx, w)) continue;  // not the last part
       }
+      bool stored_tma = false;  // the same for every consumer thread of the CTA
+      (void)stored_tma;
       if constexpr (Traits::kTmaStore) {
         static_assert(tma_store_ok<Epilogue>::value,
                       "the TMA-store epilogue needs plain stores to the local C (Epilogue::kTmaStoreOk)");
-        if constexpr (tma_store_ok<Schedule>::value) {
-          store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w);
-        } else if (w.row0 + Traits::kBlockM <= w.row_end) {
-          // Schedules whose tiles may be cut short of M (a group's end, GroupedSchedule): whole
-          // tiles through TMA; a cut tile from registers, since TMA would also write the rows
-          // after its end, which belong to the next group (the same for every consumer thread).
-          store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w);
+        // Schedules whose tiles may be cut short of M (a group's or a band's end: GroupedSchedule,
+        // the fused TP ops' bands): whole tiles through TMA; a cut tile from registers, since TMA
+        // would also write the rows after its end, which belong to the next group or band.
+        if (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end) {
+          stored_tma = true;
+          if constexpr (HasTmaAltC<Epilogue>::value) {
+            int64_t row0 = w.row0;
+            if (epi.tma_target(w, row0)) store_tile_tma<Traits>(p, epi, ss, tma_c_alt, accum, consumer_idx, w, row0);
+            else store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w, row0);
+          } else {
+            store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w, w.row0);
+          }
         } else {
           store_tile<Traits>(p, epi, accum, consumer_idx, w);
         }
@@ -1322,8 +1452,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           // Every consumer thread's stores happen-before the hand-over to the send warps.
           asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
           if (consumer_idx == 0) {
-            cuda::atomic_ref<uint32_t, cuda::thread_scope_block> count(ss.tiles_handed);
-            count.fetch_add(1u, cuda::memory_order_release);
+            if (kDeferHandover && stored_tma) {
+              handover_pending = true;  // handed over after the next mainloop (flush_handover)
+            } else {
+              flush_handover();  // tile order
+              hand_over();
+            }
           }
         }
       }
@@ -1349,6 +1483,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ++trace_index;
       }
     }
+    if (consumer_idx == 0) flush_handover();
     if constexpr (Traits::kTmaStore) {
       // The staging buffer must outlive the last stores' reads of it.
       if (consumer_idx == 0) tma_store_wait<0>();
@@ -1384,11 +1519,13 @@ inline PlainSchedule plain_schedule(int64_t m, int64_t n, int block_m, int block
 // For grouped problems `m` is the row capacity of A and C and B holds `groups` batches of
 // `group_stride` elements; plain problems pass groups = 1. `a_alt` ([a_alt_rows, K], stride lda)
 // is what Schedule::alt_a tiles read (HasAltA); null: A again.
+// TMA-store epilogue only: `c_rows` (0 = m) is C's row count as the TMA store clips it, and
+// `c_alt` ([c_alt_rows, n], stride ldc) the second destination of an Epilogue::kTmaAltC.
 template <class Traits, class Schedule, class Epilogue>
 void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
                  int64_t ldc, const Schedule& sched, const Epilogue& epi, int grid_sms, cudaStream_t stream,
                  int groups = 1, int64_t group_stride = 0, const void* a_alt = nullptr, int64_t a_alt_rows = 0,
-                 bool pdl = false) {
+                 bool pdl = false, int64_t c_rows = 0, void* c_alt = nullptr, int64_t c_alt_rows = 0) {
   using E = typename Traits::Element;
   auto tma_a = make_tma_copy(typename Traits::TmaLoadA{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
                              typename Traits::SmemLayoutA{}(_, _, 0), Int<Traits::kMulticastA>{});
@@ -1401,12 +1538,18 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                              typename Traits::SmemLayoutB{}(_, _, 0), Int<Traits::kMulticastB>{});
   // Only the TMA-store epilogue uses it; the others get a descriptor of a valid dummy view (an
   // odd ldc, which they support, would not make a valid TMA descriptor).
+  const int64_t out_n = Epilogue::kAct == Activation::kSiluMul ? n / 2 : n;
   auto tma_c = make_tma_copy(SM90_TMA_STORE{},
-                             Traits::kTmaStore ? Traits::gmem_c(static_cast<E*>(c), m,
-                                                                Epilogue::kAct == Activation::kSiluMul ? n / 2 : n, ldc)
+                             Traits::kTmaStore ? Traits::gmem_c(static_cast<E*>(c), c_rows > 0 ? c_rows : m, out_n, ldc)
                                                : Traits::gmem_c(static_cast<E*>(c), Traits::kBlockM, Traits::kStoreCols,
                                                                 Traits::kStoreCols),
                              typename Traits::SmemLayoutC{}(_, _, 0));
+  if (HasTmaAltC<Epilogue>::value && Traits::kTmaStore && (c_alt == nullptr || c_alt_rows <= 0))
+    throw Error("gemm: an epilogue with two TMA-store destinations needs c_alt and c_alt_rows");
+  auto tma_c_alt = !(HasTmaAltC<Epilogue>::value && Traits::kTmaStore)
+                       ? tma_c
+                       : make_tma_copy(SM90_TMA_STORE{}, Traits::gmem_c(static_cast<E*>(c_alt), c_alt_rows, out_n, ldc),
+                                       typename Traits::SmemLayoutC{}(_, _, 0));
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   // The shared-memory attribute once per kernel and device (it is per device; every call paid
@@ -1431,7 +1574,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
     if (!pdl) {
       kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt,
-                                                                                 tma_c);
+                                                                                 tma_c, tma_c_alt);
     } else {
       // Programmatic dependent launch: may start before the previous kernel on the stream ends
       // (griddep_wait above orders what depends on it).
@@ -1445,7 +1588,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
       config.blockDim = dim3(Traits::kThreads);
       config.dynamicSmemBytes = Traits::kSmemBytes;
       config.stream = stream;
-      err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
+      err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c, tma_c_alt);
       if (err != cudaSuccess) throw Error(detail::str_cat("gemm: PDL launch failed: ", cudaGetErrorString(err)));
     }
   } else {
@@ -1474,7 +1617,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     if (clusters > max_clusters) clusters = max_clusters;
     if (clusters <= 0) return;
     config.gridDim = dim3(unsigned(clusters * Traits::kClusterM));
-    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c);
+    err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c, tma_c_alt);
     if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cluster launch failed: ", cudaGetErrorString(err)));
   }
   err = cudaGetLastError();

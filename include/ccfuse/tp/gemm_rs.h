@@ -53,10 +53,20 @@ struct GemmRsConfig {
   // the barrier; sends, addend waits and the tail come after griddepcontrol.wait. Tool env
   // CCFUSE_TP_PDL=1.
   bool overlap_entry = false;
+  // The epilogue stores whole tiles through shared memory and TMA (3 pipeline stages; the own
+  // band's tiles to C, the peers' to the staging buffer the send warps forward), as the plain
+  // GEMM does; false: from registers (4 stages, v1). Needs cluster_m 1 and N a multiple of 8
+  // (16-byte rows), else the register epilogue runs. Tool env CCFUSE_RS_TMA_STORE=0 for A/B.
+  bool tma_store = true;
+  // With tma_store: an own-band tile's peer partials are loaded by TMA into the staging buffer and
+  // added from there, instead of by every consumer thread from global memory. Tool env
+  // CCFUSE_RS_TMA_ADDENDS=0 for A/B.
+  bool tma_addends = true;
 };
 
-// "block=128x256x64 stages=4 sms=132 bands=staggered(own last) reduce=epilogue(fp32)"
-std::string to_string(const GemmRsConfig& config, int num_sms, bool all_reduce);
+// "block=128x256x64 stages=3 epilogue=tma_store cluster=1 sms=132 group_m=8 bands=staggered(own
+// last) reduce=epilogue(fp32)"; n: the problem's N (whether the TMA-store epilogue can run).
+std::string to_string(const GemmRsConfig& config, int num_sms, bool all_reduce, int64_t n);
 
 // Largest number of ranks the fused TP reductions are built for.
 constexpr int kMaxTpRanks = 8;
