@@ -59,7 +59,9 @@ if [[ " $what " == *" tests_only "* ]]; then
 fi
 if [[ " $what " == *" tests "* ]]; then
   # The router/layout sweep has its own section (router): it is long.
-  timeout 500 $BIN/ccfuse_gpu_tests --gtest_filter="-*Router*:*Layout*" --gtest_output=json:"$OUT/gpu_tests.json" 2>&1 | tee "$OUT/gpu_tests.log"
+  # CCFUSE_TEST_EXCLUDE: more negative patterns (e.g. "*_direct*" when an experiment's first check failed).
+  timeout 500 $BIN/ccfuse_gpu_tests --gtest_filter="-*Router*:*Layout*${CCFUSE_TEST_EXCLUDE:+:$CCFUSE_TEST_EXCLUDE}" \
+    --gtest_output=json:"$OUT/gpu_tests.json" 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("gpu tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/gpu_tests.log" | tr '\n' ' ')")
   for op in ag_gemm gemm_rs gemm_ar; do
@@ -360,12 +362,16 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # rsreg: gemm_rs and gemm_ar storing their tiles from registers (CCFUSE_RS_TMA_STORE=0, v1; the
   # TMA-store epilogue is the default since 2026-11-30 evening). rsldadd: TMA stores, but the own
   # band's peer partials loaded by every consumer thread (CCFUSE_RS_TMA_ADDENDS=0) instead of by TMA.
+  # rsdirect (EXPERIMENT, written 2026-11-30): gemm_rs/gemm_ar peer tiles stored by TMA straight into
+  # the owner's receive buffer (CCFUSE_RS_DIRECT=1).
   # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
   for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
     check_op=ag_gemm
     case $variant in
       rsreg) vars=(CCFUSE_RS_TMA_STORE=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsldadd) vars=(CCFUSE_RS_TMA_ADDENDS=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
+      rsdirect) vars=(CCFUSE_RS_DIRECT=1 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
+      rs) vars=("CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;  # the defaults, same call
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
       bn256|bn192) vars=(CCFUSE_AG_BLOCK_N=${variant#bn} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;

@@ -3,6 +3,7 @@
 #include "ccfuse/tp/gemm_rs.h"
 
 #include <sstream>
+#include <vector>
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
@@ -44,6 +45,13 @@ struct RsEpilogue {
   static constexpr bool kTmaAddends = true;
   const void* addend_map = nullptr;
   bool tma_addends = false;
+  // GemmRsConfig::direct_store (experiment): a peer band's whole tile goes by TMA straight into
+  // slot `rank` of the owner's receive buffer (peer_maps: W descriptors, one per rank's buffer as
+  // [W * m_local, N]) and its flag is released once the bulk writes are complete; no staging
+  // copy, no send warps for it. Cut tiles still go through the staging buffer and the send warps.
+  static constexpr bool kTmaDirect = true;
+  const void* peer_maps = nullptr;
+  bool direct = false;
 
   Element* recv[kMaxTpRanks] = {};   // every rank's receive buffer [W][m_local][N]
   Element* agout[kMaxTpRanks] = {};  // GemmAr: every rank's symmetric output [M, N]
@@ -109,7 +117,19 @@ struct RsEpilogue {
   }
 
   // ---- send warps: forward each finished tile and release its flag ----
-  __device__ bool sends(const gemm::TileWork& w) const { return band_of(w) != rank || (kAllReduce && world > 1); }
+  CCFUSE_HD bool cut(const gemm::TileWork& w) const { return w.row0 + kBlockM > w.row_end; }
+  __device__ bool sends(const gemm::TileWork& w) const {
+    return band_of(w) != rank ? !direct || cut(w) : kAllReduce && world > 1;
+  }
+  __device__ const void* tma_direct(const gemm::TileWork& w, int64_t& row) const {
+    const int band = band_of(w);
+    if (!direct || band == rank) return nullptr;
+    row = int64_t(rank) * m_local + row_in_band(w);
+    return static_cast<const char*>(peer_maps) + size_t(band) * sizeof(gemm::sm90::TmaDescriptor);
+  }
+  __device__ void stored_direct(const gemm::TileWork& w) const {
+    comm::notify(sig, band_of(w), rank * tiles_per_band() + tile_in_band(w), comm::current_epoch(sig));
+  }
   __device__ void send(const gemm::TileWork& w, int tid, int num_threads) const {
     const int band = band_of(w);
     const int64_t col0 = int64_t(w.n_tile) * kBlockN;
@@ -173,6 +193,7 @@ std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce, int64
   const bool tma = rs_tma_store(c, n);
   os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=" << (tma ? 3 : 4)
      << " epilogue=" << (tma ? (c.tma_addends ? "tma_store+tma_addends" : "tma_store") : "registers")
+     << (tma && c.direct_store ? " peer_tiles=tma-direct" : "")
      << " cluster=" << c.cluster_m
      << (c.overlap_entry ? " entry=pdl" : "") << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
@@ -191,6 +212,7 @@ struct RsState {
   std::unique_ptr<comm::SymmetricBuffer> recv, agout;
   void* staging = nullptr;  // local [M, N]
   void* addend_map = nullptr;  // device copy of the receive buffer's TMA descriptor (tma_addends)
+  void* peer_maps = nullptr;   // direct_store: every rank's receive buffer's TMA-store descriptor
   gemm::TileTrace* trace = nullptr;
   int trace_slots = 0;
   std::unique_ptr<comm::SignalSet> sig;
@@ -222,17 +244,28 @@ struct RsState {
     CCFUSE_CUDA_CHECK(cudaMalloc(&staging, size_t(d.m * d.n) * 2));
     if (ar) agout = team.alloc_symmetric(size_t(d.m * d.n) * 2);
     if (rs_tma_store(cfg, d.n) && cfg.tma_addends) {
-      // The staging buffer's box and swizzle (the same for both B layouts), built once.
-      const gemm::sm90::TmaDescriptor map =
-          d.dtype == DType::kBFloat16
-              ? gemm::sm90::make_addend_map<gemm::sm90::Traits<cutlass::bfloat16_t, kBlockM, kBlockN, 64, 3, true, 1, true>>(
-                    static_cast<const cutlass::bfloat16_t*>(recv->local()), d.m, d.n)
-              : gemm::sm90::make_addend_map<gemm::sm90::Traits<cutlass::half_t, kBlockM, kBlockN, 64, 3, true, 1, true>>(
-                    static_cast<const cutlass::half_t*>(recv->local()), d.m, d.n);
+      const gemm::sm90::TmaDescriptor map = staging_map<cute::SM90_TMA_LOAD>(recv->local(), d);
       CCFUSE_CUDA_CHECK(cudaMalloc(&addend_map, sizeof(map)));
       CCFUSE_CUDA_CHECK(cudaMemcpy(addend_map, &map, sizeof(map), cudaMemcpyHostToDevice));
     }
+    if (rs_tma_store(cfg, d.n) && cfg.direct_store) {
+      std::vector<gemm::sm90::TmaDescriptor> maps(static_cast<size_t>(w));
+      for (int r = 0; r < w; ++r) maps[size_t(r)] = staging_map<cute::SM90_TMA_STORE>(recv->peer(r), d);
+      CCFUSE_CUDA_CHECK(cudaMalloc(&peer_maps, maps.size() * sizeof(maps[0])));
+      CCFUSE_CUDA_CHECK(cudaMemcpy(peer_maps, maps.data(), maps.size() * sizeof(maps[0]), cudaMemcpyHostToDevice));
+    }
     sig = team.make_signals(op, int(tpb * w * (ar ? 2 : 1)));
+  }
+
+  // A receive buffer ([W * m_local, N] = [M, N]) as a TMA tensor in the staging buffer's box and
+  // swizzle (the same for both B layouts), built once.
+  template <class Op>
+  static gemm::sm90::TmaDescriptor staging_map(const void* buf, const GemmRsDesc& d) {
+    if (d.dtype == DType::kBFloat16)
+      return gemm::sm90::make_staging_map<gemm::sm90::Traits<cutlass::bfloat16_t, kBlockM, kBlockN, 64, 3, true, 1, true>,
+                                          Op>(static_cast<const cutlass::bfloat16_t*>(buf), d.m, d.n);
+    return gemm::sm90::make_staging_map<gemm::sm90::Traits<cutlass::half_t, kBlockM, kBlockN, 64, 3, true, 1, true>, Op>(
+        static_cast<const cutlass::half_t*>(buf), d.m, d.n);
   }
 
   void run(const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -286,6 +319,8 @@ struct RsState {
     epi.staging = static_cast<E*>(staging);
     epi.addend_map = addend_map;
     epi.tma_addends = addend_map != nullptr;
+    epi.peer_maps = peer_maps;
+    epi.direct = peer_maps != nullptr;
     epi.m_local = m_local;
     epi.n = d.n;
     epi.ldc = d.n;
@@ -323,6 +358,7 @@ struct RsState {
 RsState::~RsState() {
   cudaFree(staging);
   cudaFree(addend_map);
+  cudaFree(peer_maps);
 }
 
 struct GemmRs::State : RsState {

@@ -54,13 +54,14 @@ struct Case {
   bool overlap_entry = false;  // GemmRsConfig::overlap_entry (PDL after the entry barrier)
   bool tma_store = true;       // GemmRsConfig::tma_store (false: the register epilogue, v1)
   bool tma_addends = true;     // GemmRsConfig::tma_addends
+  bool direct_store = false;   // GemmRsConfig::direct_store
 };
 
 std::string case_name(const Case& c) {
   return detail::str_cat(c.all_reduce ? "ar_" : "rs_", c.m, "x", c.n, "x", c.k, "_", gemm::b_layout_name(c.layout), "_",
                          dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "",
                          c.overlap_entry ? "_pdl" : "", c.tma_store ? "" : "_regs",
-                         c.tma_store && !c.tma_addends ? "_ldaddends" : "");
+                         c.tma_store && !c.tma_addends ? "_ldaddends" : "", c.direct_store ? "_direct" : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -104,6 +105,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     cfg.overlap_entry = cs.overlap_entry;
     cfg.tma_store = cs.tma_store;
     cfg.tma_addends = cs.tma_addends;
+    cfg.direct_store = cs.direct_store;
     if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
     else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
@@ -215,6 +217,11 @@ std::vector<Case> cases() {
     // TMA stores with the addends loaded by each thread (tma_addends = false).
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, false, true, false});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, false});
+    // Peer tiles stored by TMA straight into the owner's buffer (direct_store, opt-in); the
+    // 500-row bands mix direct whole tiles with cut tiles through the send warps.
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, false, true, true, true});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, true});
+    v.push_back({512, 520, 776, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, true});  // + PDL
   }
   return v;
 }

@@ -676,6 +676,27 @@ __device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::
   tma_store_arrive();
 }
 
+// issue_tile_stores through a TMA descriptor in global memory (Epilogue::kTmaDirect).
+template <class Traits, class Epilogue>
+__device__ __forceinline__ void issue_tile_stores_raw(const Params<typename Traits::Element>& p, const void* map,
+                                                      typename Traits::Element* c, const TileWork& w, int64_t row0) {
+  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  // Only epilogues that keep the tile's columns store directly (never SiLU-and-mul's halves).
+  if constexpr (Epilogue::kAct != Activation::kSiluMul) {
+    CUTE_UNROLL
+    for (int s = 0; s < kBN / kSub; ++s) {
+      const int col = w.n_tile * kBN + s * kSub;
+      if (col >= p.n) break;
+      const uint32_t src = uint32_t(__cvta_generic_to_shared(c + s * (Traits::kBlockM * kSub)));
+      asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                       reinterpret_cast<uint64_t>(map)),
+                   "r"(src), "r"(col), "r"(int(row0))
+                   : "memory");
+    }
+  }
+  tma_store_arrive();
+}
+
 // The TMA-store epilogue (Traits::kTmaStore) of the two consumer warpgroups' tile (each 64 rows):
 // wait until the previous tile's stores have read the staging buffer, write this tile's values
 // into it (swizzled: the 8 rows a warp writes at once fall in 8 different 16-byte bank groups, no
@@ -687,7 +708,7 @@ __device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::
 template <class Traits, class Epilogue, class Storage, class TmaC, class Accum>
 __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                                Storage& ss, const TmaC& tma_c, const Accum& accum, int consumer_idx,
-                                               const TileWork& w, int64_t row0) {
+                                               const TileWork& w, int64_t row0, const void* raw_map = nullptr) {
   constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
   static_assert((kGlu ? Traits::kBlockN / 2 : Traits::kBlockN) % Traits::kStoreCols == 0,
                 "whole TMA boxes (kStoreCols columns) per tile");
@@ -701,7 +722,10 @@ __device__ __forceinline__ void store_tile_tma(const Params<typename Traits::Ele
   stage_block<Traits, Epilogue>(accum, block_row0, t, scale, reinterpret_cast<char*>(ss.c));
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads));
-  if (consumer_idx == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, ss.c, w, row0);
+  if (consumer_idx == 0) {
+    if (raw_map != nullptr) issue_tile_stores_raw<Traits, Epilogue>(p, raw_map, ss.c, w, row0);
+    else issue_tile_stores<Traits, Epilogue>(p, tma_c, ss.c, w, row0);
+  }
 }
 
 // The TMA-store epilogue of ping-pong consumers (Traits::kPingpong): warpgroup `wg` stores its own
@@ -801,21 +825,33 @@ __device__ __forceinline__ void add_addends(const Params<typename Traits::Elemen
 // TMA into the staging buffer, one after the other, instead of by each thread from global memory
 // (add_addends): epi.addend_map is a TMA descriptor in global memory of the addends' tensor (the
 // staging buffer's element type, box and swizzle: launch-independent, built once by the host, see
-// make_addend_map), and epi.addend_row(w, i) the row of that tensor where addend i of tile w
+// make_staging_map), and epi.addend_row(w, i) the row of that tensor where addend i of tile w
 // starts (its columns are the tile's). Cut tiles still take add_addends.
 template <class E, class = void>
 struct HasTmaAddends : std::false_type {};
 template <class E>
 struct HasTmaAddends<E, std::void_t<decltype(E::kTmaAddends)>> : std::bool_constant<E::kTmaAddends> {};
 
-// The TMA descriptor of an addend tensor [rows, n] (row stride n) in the staging buffer's box and
-// swizzle, for Epilogue::kTmaAddends; the caller copies the 128 bytes to device memory.
-template <class Traits>
-TmaDescriptor make_addend_map(const typename Traits::Element* base, int64_t rows, int64_t n) {
-  auto tma = make_tma_copy(SM90_TMA_LOAD{}, Traits::gmem_c(const_cast<typename Traits::Element*>(base), rows, n, n),
+// The TMA descriptor of a tensor [rows, n] (row stride n) in the staging buffer's box and swizzle,
+// for loads into it (Epilogue::kTmaAddends) or stores from it (Epilogue::kTmaDirect); the caller
+// copies the 128 bytes to device memory.
+template <class Traits, class Op = SM90_TMA_LOAD>
+TmaDescriptor make_staging_map(const typename Traits::Element* base, int64_t rows, int64_t n) {
+  auto tma = make_tma_copy(Op{}, Traits::gmem_c(const_cast<typename Traits::Element*>(base), rows, n, n),
                            typename Traits::SmemLayoutC{}(_, _, 0));
   return *tma.get_tma_descriptor();
 }
+
+// Epilogue::kTmaDirect (an experiment, written 2026-11-30): epi.tma_direct(w, row) gives a TMA
+// descriptor in global memory (make_staging_map with SM90_TMA_STORE, e.g. of a peer's receive
+// buffer) that whole tile w is stored to, at `row`, instead of tma_c / tma_c_alt (null: those);
+// once its bulk writes are complete, consumer thread 0 calls epi.stored_direct(w) (GEMM +
+// ReduceScatter: release the tile's flag on the peer). Completion is awaited after the next
+// tile's mainloop, as for the send warps' hand-over.
+template <class E, class = void>
+struct HasTmaDirect : std::false_type {};
+template <class E>
+struct HasTmaDirect<E, std::void_t<decltype(E::kTmaDirect)>> : std::bool_constant<E::kTmaDirect> {};
 
 // kTmaAddends: adds the tile's partial tiles into a consumer warpgroup's accumulators through the
 // staging buffer. For each addend consumer thread 0 waits until the previous tile's TMA stores
@@ -1362,18 +1398,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // them before the generic proxy, and releases the count. Hand-overs stay in tile order.
     constexpr bool kDeferHandover = Traits::kTmaStore && Epilogue::kHasSendWarps;
     bool handover_pending = false;  // consumer thread 0: a TMA-stored tile not yet handed over
+    constexpr bool kDirect = HasTmaDirect<Epilogue>::value && Traits::kTmaStore;
+    bool direct_pending = false;  // consumer thread 0: a directly stored tile (kTmaDirect) not yet complete
+    TileWork direct_w{};
     uint32_t addend_phase = 0;      // kTmaAddends: the parity of ss.addend_full's next phase
     (void)addend_phase;
+    (void)direct_pending;
+    (void)direct_w;
     auto hand_over = [&ss]() {
       cuda::atomic_ref<uint32_t, cuda::thread_scope_block> count(ss.tiles_handed);
       count.fetch_add(1u, cuda::memory_order_release);
     };
     auto flush_handover = [&]() {
-      if (kDeferHandover && handover_pending) {
+      if ((kDeferHandover && handover_pending) || (kDirect && direct_pending)) {
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
         asm volatile("fence.proxy.async.global;" ::: "memory");
-        hand_over();
+        if (kDeferHandover && handover_pending) hand_over();
         handover_pending = false;
+        if constexpr (kDirect) {
+          if (direct_pending) {
+            griddep_wait();  // the flag carries the call's epoch (PDL: after the entry barrier)
+            epi.stored_direct(direct_w);
+          }
+          direct_pending = false;
+        }
       }
     };
     for (int64_t t = unit_start; t < num_units; t += unit_stride) {
@@ -1436,8 +1484,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           stored_tma = true;
           if constexpr (HasTmaAltC<Epilogue>::value) {
             int64_t row0 = w.row0;
-            if (epi.tma_target(w, row0)) store_tile_tma<Traits>(p, epi, ss, tma_c_alt, accum, consumer_idx, w, row0);
-            else store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w, row0);
+            const void* direct = nullptr;
+            if constexpr (kDirect) direct = epi.tma_direct(w, row0);
+            if (direct != nullptr) {
+              // A peer's buffer: only after the entry barrier (the peer may still read it; PDL).
+              griddep_wait();
+              store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w, row0, direct);
+              if (consumer_idx == 0) {  // complete after the next mainloop (flush_handover)
+                direct_pending = true;
+                direct_w = w;
+              }
+            } else if (epi.tma_target(w, row0)) {
+              store_tile_tma<Traits>(p, epi, ss, tma_c_alt, accum, consumer_idx, w, row0);
+            } else {
+              store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w, row0);
+            }
           } else {
             store_tile_tma<Traits>(p, epi, ss, tma_c, accum, consumer_idx, w, w.row0);
           }

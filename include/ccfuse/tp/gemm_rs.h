@@ -62,6 +62,10 @@ struct GemmRsConfig {
   // added from there, instead of by every consumer thread from global memory. Tool env
   // CCFUSE_RS_TMA_ADDENDS=0 for A/B.
   bool tma_addends = true;
+  // EXPERIMENT (written 2026-11-30, opt-in): with tma_store, a peer band's whole tile is stored by
+  // TMA straight into the owner's receive buffer over NVLink (no staging copy, no send warps for
+  // it) and its flag released once the bulk writes are complete. Tool env CCFUSE_RS_DIRECT=1.
+  bool direct_store = false;
 };
 
 // "block=128x256x64 stages=3 epilogue=tma_store cluster=1 sms=132 group_m=8 bands=staggered(own
