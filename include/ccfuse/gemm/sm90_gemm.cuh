@@ -842,7 +842,7 @@ TmaDescriptor make_staging_map(const typename Traits::Element* base, int64_t row
   return *tma.get_tma_descriptor();
 }
 
-// Epilogue::kTmaDirect (an experiment, written 2026-11-30): epi.tma_direct(w, row) gives a TMA
+// Epilogue::kTmaDirect (gemm_rs's opt-in direct_store; measured no faster, 2026-11-30): epi.tma_direct(w, row) gives a TMA
 // descriptor in global memory (make_staging_map with SM90_TMA_STORE, e.g. of a peer's receive
 // buffer) that whole tile w is stored to, at `row`, instead of tma_c / tma_c_alt (null: those);
 // once its bulk writes are complete, consumer thread 0 calls epi.stored_direct(w) (GEMM +
