@@ -10,12 +10,13 @@
 // v1 design (docs/tp-fusion.md): one persistent GEMM kernel on every SM, no communication CTAs.
 // Each rank computes the row bands of its peers first, in a staggered order (rank r takes band
 // r + 1, r + 2, ... so that at any time each rank receives from one peer). A finished partial
-// tile is stored locally (staging), handed to three idle warps of the producer warpgroup, which
+// tile is stored locally (staging; by TMA since v3.4, tma_store), handed to three idle warps of
+// the producer warpgroup, which
 // copy it into the owner's symmetric receive buffer with 16-byte NVLink stores and release a
 // flag per tile while the consumers go on with the next tile. Its own band comes last: the
 // epilogue of each own tile waits for the W - 1 peer flags of that tile, adds the peers' partials
-// to its own accumulators in fp32 (its own partial never leaves the registers) and stores the
-// result. GemmAr's send warps also copy each reduced tile into every peer's symmetric output and
+// to its own accumulators in fp32 (its own partial never leaves the registers; the partials come
+// into shared memory by TMA since v3.4, tma_addends) and stores the result. GemmAr's send warps also copy each reduced tile into every peer's symmetric output and
 // flag it; after their last tile the CTAs copy the peers' bands into C (or nothing, when C is
 // output()).
 // Entry barrier and epochs come from the Team's SignalSet: no host sync, back-to-back calls and
