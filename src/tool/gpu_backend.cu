@@ -96,6 +96,18 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
                      "' must be copy-engine or sm-send-warps");
     cfg.transport = t == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
   }
+  // CCFUSE_AG_RETURN_GATHERED=0: skip filling this rank's own gather slot (AgGemmConfig::return_gathered).
+  if (const char* v = std::getenv("CCFUSE_AG_RETURN_GATHERED"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_AG_RETURN_GATHERED '", t, "' must be 0 or 1");
+    cfg.return_gathered = t == "1";
+  }
+  // CCFUSE_AG_PUSH_SPREAD_US=N: spread the push over N us (AgGemmConfig::push_spread_us; experiment).
+  if (const char* v = std::getenv("CCFUSE_AG_PUSH_SPREAD_US"); v != nullptr && *v) {
+    const int us = std::atoi(v);
+    CCFUSE_ARG_CHECK(us >= 0, "CCFUSE_AG_PUSH_SPREAD_US '", v, "' must be a number of microseconds");
+    cfg.push_spread_us = us;
+  }
   // CCFUSE_AG_BLOCK_N=256 | 192: the tile width instead of the auto rule (A/B runs).
   if (const char* v = std::getenv("CCFUSE_AG_BLOCK_N"); v != nullptr && *v) {
     const std::string t = v;

@@ -87,6 +87,8 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   int64_t row_bytes = 0;                     // K * 2
   int rank = 0, world = 1, m_tiles_per_band = 0, pieces = 1, rows_per_piece = kBlockM;
   int push_ctas = 0;  // 0: every CTA pushes
+  bool copy_own = true;      // AgGemmConfig::return_gathered: also fill this rank's own gather slot
+  uint64_t spread_ns = 0;    // AgGemmConfig::push_spread_us (0 = one burst)
   gemm::TileTrace* trace = nullptr;  // diagnostics (set_trace), null = off
   int trace_slots = 0;
 
@@ -97,7 +99,12 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
     const epoch_t e = comm::current_epoch(sig);
     const int64_t total = int64_t(m_tiles_per_band) * pieces;
     const int64_t pushers = push_ctas > 0 && push_ctas < num_ctas ? push_ctas : num_ctas;
+    const uint64_t t0 = spread_ns > 0 ? gemm::sm90::globaltimer_ns() : 0;
     for (int64_t piece = cta; piece < total; piece += pushers) {
+      if (spread_ns > 0) {  // piece i of the band not before t0 + i / total of the spread
+        const uint64_t due = t0 + spread_ns * uint64_t(piece) / uint64_t(total);
+        while (gemm::sm90::globaltimer_ns() < due) __nanosleep(500);
+      }
       const int chunk = int(piece / pieces), pc = int(piece % pieces);
       const int64_t offset = band_offset_bytes + (int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece) * row_bytes;
       const int64_t bytes = int64_t(rows_per_piece) * row_bytes;
@@ -105,6 +112,7 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
         // With A_r in place in local_a() (src null) this rank's own flags go first: its own tiles
         // read the gather buffer and wait for them (there is nothing to copy).
         const int p = src != nullptr ? (rank + i) % world : (rank + i - 1) % world;
+        if (src != nullptr && p == rank && !copy_own) continue;  // nobody reads that slot or waits for its flag
         if (src != nullptr || p != rank)
           copy_contiguous(src != nullptr ? src + (offset - band_offset_bytes) : gather[rank] + offset, gather[p] + offset,
                           bytes, tid, num_threads);
@@ -182,7 +190,8 @@ std::string to_string(const AgGemmConfig& c, int num_sms, const AgGemmDesc* desc
   os << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
      << " group_m=" << c.group_m << " push=send-warps"
      << (c.push_ctas > 0 ? "(" + std::to_string(c.push_ctas) + " ctas)" : std::string())
-     << (c.overlap_entry ? " entry=pdl" : "");
+     << (c.push_spread_us > 0 ? " push_spread=" + std::to_string(c.push_spread_us) + "us" : std::string())
+     << (c.return_gathered ? "" : " gathered=peers-only") << (c.overlap_entry ? " entry=pdl" : "");
   return os.str();
 }
 
@@ -197,6 +206,8 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "ag_gemm: dtype must be bf16 or fp16, not ",
                    dtype_name(d.dtype));
   CCFUSE_ARG_CHECK(cfg.push_ctas >= 0, "push_ctas ", cfg.push_ctas, " must not be negative (0 = every CTA)");
+  CCFUSE_ARG_CHECK(cfg.push_spread_us >= 0 && cfg.push_spread_us <= 100000, "push_spread_us ", cfg.push_spread_us,
+                   " must be in [0, 100000]");
   CCFUSE_ARG_CHECK(cfg.pieces_per_chunk == 0 || (cfg.pieces_per_chunk <= 32 && (cfg.pieces_per_chunk & (cfg.pieces_per_chunk - 1)) == 0),
                    "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
   CCFUSE_ARG_CHECK(cfg.transport == AgTransport::kSendWarps || cfg.transport == AgTransport::kCopyEngine,
@@ -325,7 +336,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
         comm::stream_write_flag(side, ce_dev.flags[p] + sched.rank * copies + cp, 1);
       }
     }
-    if (a_local != nullptr) {
+    if (a_local != nullptr && s_->cfg.return_gathered) {
       cudaStream_t side = s_->side.empty() ? stream : s_->side[0];
       CCFUSE_CUDA_CHECK(cudaMemcpyAsync(gather_local + band_offset, a_local, size_t(s_->m_local * row_bytes),
                                         cudaMemcpyDeviceToDevice, side));
@@ -360,6 +371,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   epi.pieces = sched.pieces;
   epi.rows_per_piece = kBlockM / sched.pieces;
   epi.push_ctas = s_->cfg.push_ctas;
+  epi.copy_own = s_->cfg.return_gathered;
+  epi.spread_ns = uint64_t(s_->cfg.push_spread_us) * 1000u;
   epi.trace = s_->trace;
   epi.trace_slots = s_->trace_slots;
   launch_ag(d, gather_local, a_local, s_->m_local, sched, epi, b, c, sms, s_->cfg.cluster_m, s_->cfg.overlap_entry,

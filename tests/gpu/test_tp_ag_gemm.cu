@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -37,6 +38,8 @@ struct Shape {
   int cluster_m = 1;  // AgGemmConfig::cluster_m (2: 2-CTA clusters)
   bool overlap_entry = false;  // AgGemmConfig::overlap_entry (PDL after the entry barrier)
   int block_n = 0;             // AgGemmConfig::block_n (0: auto)
+  bool return_gathered = true;  // AgGemmConfig::return_gathered
+  int push_spread_us = 0;       // AgGemmConfig::push_spread_us
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -65,6 +68,8 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     cfg.cluster_m = sh.cluster_m;
     cfg.overlap_entry = sh.overlap_entry;
     cfg.block_n = sh.block_n;
+    cfg.return_gathered = sh.return_gathered;
+    cfg.push_spread_us = sh.push_spread_us;
     AgGemm op(team, d, cfg);
     const int64_t m_local = d.m / w;
     cudaStream_t s;
@@ -104,6 +109,10 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
       CCFUSE_CUDA_CHECK(cudaMemcpy(gathered.data(), op.gathered_a(), gathered.size() * 2, cudaMemcpyDeviceToHost));
       CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), c, hc.size() * 2, cudaMemcpyDeviceToHost));
       CCFUSE_CUDA_CHECK(cudaMemcpy(hr.data(), ref, hr.size() * sizeof(double), cudaMemcpyDeviceToHost));
+      if (!sh.return_gathered && !in_place) {  // this rank's own slot is not filled: the peers' bands only
+        const size_t own0 = size_t(r * m_local * d.k), own1 = own0 + size_t(m_local * d.k);
+        std::copy(full.begin() + own0, full.begin() + own1, gathered.begin() + own0);
+      }
       EXPECT_TRUE(gathered == full) << "rank " << r << " call " << call << ": gathered A differs";
       double num = 0, den = 0;
       for (size_t i = 0; i < hc.size(); ++i) {
@@ -185,7 +194,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                  false, 192},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  true, 192},
-                                           Shape{8192, 768, 1024, gemm::BLayout::kKN}),
+                                           Shape{8192, 768, 1024, gemm::BLayout::kKN},
+                                           // Peers' bands only in gathered_a(); the push spread over 100 us
+                                           // (experiment), over the copy engine too.
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 false, 0, false},
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 1,
+                                                 false, 0, false},
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 false, 0, true, 100}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
@@ -195,7 +212,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                       : "",
                                                   i.param.cluster_m != 1 ? detail::str_cat("_cluster", i.param.cluster_m) : "",
                                                   i.param.overlap_entry ? "_pdl" : "",
-                                                  i.param.block_n ? detail::str_cat("_bn", i.param.block_n) : "");
+                                                  i.param.block_n ? detail::str_cat("_bn", i.param.block_n) : "",
+                                                  i.param.return_gathered ? "" : "_peersonly",
+                                                  i.param.push_spread_us
+                                                      ? detail::str_cat("_spread", i.param.push_spread_us)
+                                                      : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {

@@ -68,6 +68,17 @@ struct AgGemmConfig {
   // shape (16 pushers: 2.92 -> 3.34 ms on 8192x14336x8192; the GEMM waits for the push), so
   // nothing sets it but tests; send warps only.
   int push_ctas = 0;
+  // false: gathered_a() holds the peers' bands only when A_r comes by pointer (run(a_local, ...)):
+  // this rank's band is not copied into its own gather buffer (32 MB of HBM read and written on
+  // 8192x...x4096 at TP = 2, beside the own band's tiles). For inference, where no weight gradient
+  // needs the gathered A. With A_r written into local_a() nothing changes. Tool env
+  // CCFUSE_AG_RETURN_GATHERED=0.
+  bool return_gathered = true;
+  // EXPERIMENT (written 2026-11-30, not yet run; send warps only): spread the push of A over
+  // about this many microseconds (piece i of the band waits until push start + i / pieces of it)
+  // instead of one burst: tile traces showed the own band's tiles 35 % slower while every CTA
+  // pushes (docs/perf-notes.md). 0 = burst. Tool env CCFUSE_AG_PUSH_SPREAD_US.
+  int push_spread_us = 0;
 };
 
 // "gemm_ctas=132 block=128x256x64 chunk_rows=128 pieces_per_chunk=auto group_m=8 push=send-warps"
@@ -85,7 +96,8 @@ class AgGemm {
   // This rank's band inside the symmetric gather buffer ([M/W, K]): write A_r here and pass
   // a_local = nullptr to run() to skip the local copy.
   void* local_a() const;
-  // The gathered A [M, K] after a call.
+  // The gathered A [M, K] after a call (without this rank's band when config.return_gathered is
+  // false and A_r came by pointer).
   const void* gathered_a() const;
 
   // a_local: this rank's A_r [M/W, K] (device) or nullptr; b: B_r; c: C_r [M, N] (device).
