@@ -365,7 +365,8 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # rsdirect (EXPERIMENT, written 2026-11-30): gemm_rs/gemm_ar peer tiles stored by TMA straight into
   # the owner's receive buffer (CCFUSE_RS_DIRECT=1).
   # ag: ag_gemm's default alone; agpeersonly: without filling its own gather slot
-  # (CCFUSE_AG_RETURN_GATHERED=0); agspreadN (EXPERIMENT, 2026-11-30): the push spread over N us.
+  # (CCFUSE_AG_RETURN_GATHERED=0); agspreadN: the push paced over N us (agspread0: one burst);
+  # agfracF: over F x one band's predicted GEMM time (the default's rule, another fraction).
   # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
   for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
     check_op=ag_gemm
@@ -377,6 +378,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
       ag) vars=(CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;  # the default, same call
       agpeersonly) vars=(CCFUSE_AG_RETURN_GATHERED=0 CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       agspread[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_US=${variant#agspread} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
+      agfrac[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_FRACTION=${variant#agfrac} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
       bn256|bn192) vars=(CCFUSE_AG_BLOCK_N=${variant#bn} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;

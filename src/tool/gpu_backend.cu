@@ -102,7 +102,18 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
     CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_AG_RETURN_GATHERED '", t, "' must be 0 or 1");
     cfg.return_gathered = t == "1";
   }
-  // CCFUSE_AG_PUSH_SPREAD_US=N: spread the push over N us (AgGemmConfig::push_spread_us; experiment).
+  // The push pacing is the tuner's (the same rule as AgGemmConfig's auto). A/B runs:
+  // CCFUSE_AG_PUSH_SPREAD_US=N paces it over N us (0: one burst); CCFUSE_AG_PUSH_SPREAD_FRACTION=f
+  // over f x one band's predicted GEMM time (AgGemmConfig::push_spread_fraction).
+  if (cfg.transport == tp::AgTransport::kSendWarps) cfg.push_spread_us = c.push_spread_us;
+  if (const char* v = std::getenv("CCFUSE_AG_PUSH_SPREAD_FRACTION"); v != nullptr && *v) {
+    char* end = nullptr;
+    const double f = std::strtod(v, &end);
+    CCFUSE_ARG_CHECK(end != v && *end == 0 && f >= 0 && f <= 2, "CCFUSE_AG_PUSH_SPREAD_FRACTION '", v,
+                     "' must be a number in [0, 2]");
+    cfg.push_spread_us = -1;
+    cfg.push_spread_fraction = f;
+  }
   if (const char* v = std::getenv("CCFUSE_AG_PUSH_SPREAD_US"); v != nullptr && *v) {
     const int us = std::atoi(v);
     CCFUSE_ARG_CHECK(us >= 0, "CCFUSE_AG_PUSH_SPREAD_US '", v, "' must be a number of microseconds");

@@ -176,6 +176,12 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
   return p;
 }
 
+std::string fraction_string(double f) {
+  std::ostringstream os;
+  os << f;
+  return os.str();
+}
+
 std::string to_string(const AgGemmConfig& c, int num_sms, const AgGemmDesc* desc) {
   std::ostringstream os;
   (void)desc;
@@ -190,7 +196,9 @@ std::string to_string(const AgGemmConfig& c, int num_sms, const AgGemmDesc* desc
   os << " pieces_per_chunk=" << (c.pieces_per_chunk > 0 ? std::to_string(c.pieces_per_chunk) : std::string("auto"))
      << " group_m=" << c.group_m << " push=send-warps"
      << (c.push_ctas > 0 ? "(" + std::to_string(c.push_ctas) + " ctas)" : std::string())
-     << (c.push_spread_us > 0 ? " push_spread=" + std::to_string(c.push_spread_us) + "us" : std::string())
+     << (c.push_spread_us > 0 ? " push_spread=" + std::to_string(c.push_spread_us) + "us"
+         : c.push_spread_us < 0 ? " push_spread=auto(" + fraction_string(c.push_spread_fraction) + " of a band)"
+                                : std::string(" push_spread=0"))
      << (c.return_gathered ? "" : " gathered=peers-only") << (c.overlap_entry ? " entry=pdl" : "");
   return os.str();
 }
@@ -206,8 +214,8 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "ag_gemm: dtype must be bf16 or fp16, not ",
                    dtype_name(d.dtype));
   CCFUSE_ARG_CHECK(cfg.push_ctas >= 0, "push_ctas ", cfg.push_ctas, " must not be negative (0 = every CTA)");
-  CCFUSE_ARG_CHECK(cfg.push_spread_us >= 0 && cfg.push_spread_us <= 100000, "push_spread_us ", cfg.push_spread_us,
-                   " must be in [0, 100000]");
+  CCFUSE_ARG_CHECK(cfg.push_spread_us >= -1 && cfg.push_spread_us <= 100000, "push_spread_us ", cfg.push_spread_us,
+                   " must be -1 (auto) or in [0, 100000]");
   CCFUSE_ARG_CHECK(cfg.pieces_per_chunk == 0 || (cfg.pieces_per_chunk <= 32 && (cfg.pieces_per_chunk & (cfg.pieces_per_chunk - 1)) == 0),
                    "pieces_per_chunk ", cfg.pieces_per_chunk, " must be 0 (auto) or a power of two up to 32");
   CCFUSE_ARG_CHECK(cfg.transport == AgTransport::kSendWarps || cfg.transport == AgTransport::kCopyEngine,
@@ -225,6 +233,17 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
                    "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (", d.n,
                    ") a multiple of 8, cluster_m 1 (got ", cfg.cluster_m, ") and the send-warp transport");
   s_->block_n = cfg.block_n == 192 ? 192 : 256;
+  if (cfg.push_spread_us < 0) {  // auto: a fraction of the model's time for one band (tp::ag_push_spread_us)
+    TpProblem p;
+    p.op = "ag_gemm";
+    p.world_size = w;
+    p.m = d.m;
+    p.n = d.n;
+    p.k_per_rank = d.k;
+    p.dtype = d.dtype;
+    p.num_sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
+    s_->cfg.push_spread_us = cfg.transport == AgTransport::kSendWarps ? ag_push_spread_us(p, cfg.push_spread_fraction) : 0;
+  }
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
   s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
   if (cfg.transport == AgTransport::kCopyEngine) {

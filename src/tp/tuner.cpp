@@ -153,6 +153,7 @@ TpChoice choice_from(const TpProblem& p, const Candidate& c, int pieces, int gro
   else
     out.pieces_per_chunk = 1;  // gemm_rs/gemm_ar flag whole 128x256 tiles: no pieces knob
   out.group_m = group_m;
+  if (p.op == "ag_gemm" && c.transport == "sm-send-warps") out.push_spread_us = ag_push_spread_us(p);
   out.predicted_gemm_ms = c.gemm_ms;
   out.predicted_comm_ms = c.comm_ms;
   out.predicted_fused_ms = c.fused_ms;
@@ -335,6 +336,16 @@ const TunedTable& default_table() {
   return table;
 }
 
+int ag_push_spread_us(const TpProblem& p, double band_fraction) {
+  check_problem(p);
+  CCFUSE_ARG_CHECK(p.op == "ag_gemm", "ag_push_spread_us: op '", p.op, "' is not ag_gemm");
+  CCFUSE_ARG_CHECK(std::isfinite(band_fraction) && band_fraction >= 0 && band_fraction <= 2,
+                   "push_spread_fraction ", band_fraction, " must be in [0, 2]");
+  if (p.world_size == 1) return 0;
+  const double band_us = predict(p, "sm-send-warps", 0).gemm_ms * 1e3 / double(p.world_size);
+  return int(std::lround(std::min(band_fraction * band_us, 100000.0)));
+}
+
 // ---- the choice ------------------------------------------------------------------------------
 
 TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
@@ -395,7 +406,9 @@ TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
 std::string to_string(const TpChoice& c) {
   return str_cat("transport=", c.transport, " n_c=", c.num_comm_ctas, " block=", c.block_m, "x", c.block_n, "x",
                  c.block_k, " chunk_rows=", c.chunk_rows, " pieces_per_chunk=", c.pieces_per_chunk,
-                 " group_m=", c.group_m, " predicted_ms=", ms(c.predicted_fused_ms), " source=", c.source);
+                 " group_m=", c.group_m,
+                 c.push_spread_us > 0 ? str_cat(" push_spread_us=", c.push_spread_us) : std::string(),
+                 " predicted_ms=", ms(c.predicted_fused_ms), " source=", c.source);
 }
 
 }  // namespace ccfuse::tp

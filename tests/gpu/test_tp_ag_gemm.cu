@@ -39,7 +39,7 @@ struct Shape {
   bool overlap_entry = false;  // AgGemmConfig::overlap_entry (PDL after the entry barrier)
   int block_n = 0;             // AgGemmConfig::block_n (0: auto)
   bool return_gathered = true;  // AgGemmConfig::return_gathered
-  int push_spread_us = 0;       // AgGemmConfig::push_spread_us
+  int push_spread_us = -1;      // AgGemmConfig::push_spread_us (-1: auto, the default)
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -195,14 +195,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  true, 192},
                                            Shape{8192, 768, 1024, gemm::BLayout::kKN},
-                                           // Peers' bands only in gathered_a(); the push spread over 100 us
-                                           // (experiment), over the copy engine too.
+                                           // Peers' bands only in gathered_a() (over the copy engine too); the
+                                           // push paced over 100 us, and in one burst.
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  false, 0, false},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 0, 1,
                                                  false, 0, false},
                                            Shape{4096, 3072, 2048, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
-                                                 false, 0, true, 100}),
+                                                 false, 0, true, 100},
+                                           Shape{4096, 3072, 2048, gemm::BLayout::kKN, 0, AgTransport::kSendWarps, 0, 1,
+                                                 false, 0, true, 0}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
@@ -214,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                   i.param.overlap_entry ? "_pdl" : "",
                                                   i.param.block_n ? detail::str_cat("_bn", i.param.block_n) : "",
                                                   i.param.return_gathered ? "" : "_peersonly",
-                                                  i.param.push_spread_us
+                                                  i.param.push_spread_us >= 0
                                                       ? detail::str_cat("_spread", i.param.push_spread_us)
                                                       : "");
                          });
@@ -252,6 +254,13 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
     cfg = AgGemmConfig{};
     cfg.block_n = 128;
     expect_error(d, cfg, "block_n 128 must be 0 (= 256), 256 or 192");
+    cfg = AgGemmConfig{};
+    cfg.push_spread_us = -2;
+    expect_error(d, cfg, "push_spread_us -2 must be -1 (auto) or in [0, 100000]");
+    cfg = AgGemmConfig{};
+    cfg.push_spread_fraction = 2.5;
+    expect_error(d, cfg, "push_spread_fraction 2.5 must be in [0, 2]");
+    cfg = AgGemmConfig{};
     cfg.block_n = 192;
     cfg.cluster_m = 2;
     expect_error(d, cfg,

@@ -25,6 +25,7 @@
 
 #include "ccfuse/comm/team.h"
 #include "ccfuse/gemm/gemm.h"
+#include "ccfuse/tp/tuner.h"
 
 namespace ccfuse::tp {
 
@@ -74,11 +75,15 @@ struct AgGemmConfig {
   // needs the gathered A. With A_r written into local_a() nothing changes. Tool env
   // CCFUSE_AG_RETURN_GATHERED=0.
   bool return_gathered = true;
-  // EXPERIMENT (written 2026-11-30, not yet run; send warps only): spread the push of A over
-  // about this many microseconds (piece i of the band waits until push start + i / pieces of it)
-  // instead of one burst: tile traces showed the own band's tiles 35 % slower while every CTA
-  // pushes (docs/perf-notes.md). 0 = burst. Tool env CCFUSE_AG_PUSH_SPREAD_US.
-  int push_spread_us = 0;
+  // Send warps only: the push of A_r is paced over push_spread_us microseconds (piece i of the
+  // band waits until push start + i / pieces of it) instead of one burst. A burst slowed the own
+  // band's tiles by 35 % (tile traces, docs/perf-notes.md); paced, ag_gemm 8192x3072x4096 went
+  // from 0.339 to 0.294 ms (2026-11-30). 0 = one burst; -1 (default) = auto: push_spread_fraction
+  // of the cost model's time for one band of tiles (tp::ag_push_spread_us), the time every rank
+  // spends on its own band before it needs a peer's rows. Tool env CCFUSE_AG_PUSH_SPREAD_US,
+  // CCFUSE_AG_PUSH_SPREAD_FRACTION.
+  int push_spread_us = -1;
+  double push_spread_fraction = TpModelConstants::kAgPushSpreadFraction;
 };
 
 // "gemm_ctas=132 block=128x256x64 chunk_rows=128 pieces_per_chunk=auto group_m=8 push=send-warps"

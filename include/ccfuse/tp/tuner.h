@@ -39,6 +39,7 @@ struct TpChoice {
   int chunk_rows = 128;       // rows per flagged chunk (ag_gemm: of A; gemm_rs/gemm_ar: a tile row band)
   int pieces_per_chunk = 1;   // flags (and pushes) per chunk (ag_gemm); 1 for gemm_rs/gemm_ar (a flag per tile)
   int group_m = 8;
+  int push_spread_us = 0;     // ag_gemm over send warps: the push paced over this many us (0: burst)
   double predicted_gemm_ms = 0, predicted_comm_ms = 0, predicted_fused_ms = 0;
   std::string source;  // "model" or "table:<file>:<line>"
   std::string why;     // the alternatives considered, their predicted times, and why this one
@@ -115,6 +116,16 @@ struct TpModelConstants {
   static constexpr double kFlagRoundTripUs = 2.46;      // release a flag, peer sees it
   static constexpr double kEntryBarrierUs = 10.0;       // entry barrier of a fused call
   static constexpr double kLocalHbmGbps = 3000.0;       // local reads/writes of the reduction and tail copy (assumed)
+  // ag_gemm's push pacing: the push of A_r spread over this fraction of one band's GEMM time
+  // (docs/perf-notes.md, "ag_gemm push pacing").
+  static constexpr double kAgPushSpreadFraction = 0.8;
 };
+
+// ag_gemm over send warps: microseconds over which to pace the push of A_r (AgGemmConfig::
+// push_spread_us = -1). band_fraction x the model's GEMM time of one band of row tiles
+// (gemm_ms / W: every rank computes its own band before it needs a peer's rows), rounded, at most
+// 100000; 0 at W = 1. Throws InvalidArgument for a problem choose_tp_config rejects, an op other
+// than ag_gemm, or band_fraction outside [0, 2].
+int ag_push_spread_us(const TpProblem& problem, double band_fraction = TpModelConstants::kAgPushSpreadFraction);
 
 }  // namespace ccfuse::tp

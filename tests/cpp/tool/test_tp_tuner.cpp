@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -243,6 +244,39 @@ TEST(TpTuner, InvalidArgumentsNameTheRule) {
 }
 
 // ---- the tuned table ----------------------------------------------------------------------------
+
+TEST(TpTuner, AgPushSpreadIsAFractionOfOneBandsGemmTime) {
+  // 8192x3072x4096 at W = 2: 2*8192*3072*4096 FLOPs at 0.95 x 760 TFLOP/s = 0.28564 ms for the
+  // whole GEMM, 142.8 us for one band; 0.8 of it by default.
+  const TpProblem p = problem("ag_gemm", 2, 8192, 3072, 4096);
+  const TpChoice c = choose_tp_config(p, kEmpty);
+  EXPECT_NEAR(c.predicted_gemm_ms, 2.0 * 8192 * 3072 * 4096 / (0.95 * 760e12) * 1e3, 1e-9);
+  EXPECT_EQ(ag_push_spread_us(p, 1.0), 143);
+  EXPECT_EQ(ag_push_spread_us(p, 0.5), 71);
+  EXPECT_EQ(ag_push_spread_us(p), int(std::lround(TpModelConstants::kAgPushSpreadFraction * 142.82)));
+  EXPECT_EQ(c.push_spread_us, ag_push_spread_us(p));
+  EXPECT_EQ(ag_push_spread_us(p, 0), 0);
+  // Four ranks: a band is a quarter of the GEMM.
+  EXPECT_EQ(ag_push_spread_us(problem("ag_gemm", 4, 8192, 3072, 4096), 1.0), 71);
+  EXPECT_EQ(ag_push_spread_us(problem("ag_gemm", 1, 8192, 3072, 4096), 1.0), 0);  // nothing to push
+  // Huge problems stop at 100 ms.
+  EXPECT_EQ(ag_push_spread_us(problem("ag_gemm", 2, 1 << 22, 1 << 16, 1 << 14), 2.0), 100000);
+  // gemm_rs / gemm_ar push nothing up front.
+  EXPECT_EQ(choose_tp_config(problem("gemm_rs", 2, 8192, 3072, 4096), kEmpty).push_spread_us, 0);
+  EXPECT_NE(to_string(c).find(" push_spread_us=" + std::to_string(c.push_spread_us) + " "), std::string::npos);
+  try {
+    ag_push_spread_us(p, 2.5);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "push_spread_fraction 2.5 must be in [0, 2]");
+  }
+  try {
+    ag_push_spread_us(problem("gemm_rs", 2, 8192, 3072, 4096), 1.0);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "ag_push_spread_us: op 'gemm_rs' is not ag_gemm");
+  }
+}
 
 TEST(TpTuner, TableRowOverridesTheModelOnAnExactMatchOnly) {
   const TempFile f("override.tsv", std::string(kHeader) +
