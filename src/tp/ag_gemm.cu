@@ -176,6 +176,14 @@ int pieces_for(const AgGemmConfig& c, int64_t chunks_local, int gemm_ctas) {
   return p;
 }
 
+// The tile width: AgGemmConfig::block_n, or for 0 tp::ag_block_n's rule where 192 is built
+// (send warps, cluster 1; n a multiple of 8 is the rule's own condition).
+int auto_block_n(const AgGemmConfig& c, const AgGemmDesc& d, int gemm_ctas) {
+  if (c.block_n != 0) return c.block_n;
+  if (c.transport != AgTransport::kSendWarps || c.cluster_m != 1) return 256;
+  return ag_block_n(d.m, d.n, gemm_ctas);
+}
+
 std::string fraction_string(double f) {
   std::ostringstream os;
   os << f;
@@ -184,8 +192,9 @@ std::string fraction_string(double f) {
 
 std::string to_string(const AgGemmConfig& c, int num_sms, const AgGemmDesc* desc) {
   std::ostringstream os;
-  (void)desc;
-  os << "gemm_ctas=" << (c.num_sms > 0 ? c.num_sms : num_sms) << " block=128x" << (c.block_n == 192 ? 192 : 256)
+  const int gemm_ctas = c.num_sms > 0 ? c.num_sms : num_sms;
+  const int block_n = desc != nullptr ? auto_block_n(c, *desc, gemm_ctas) : c.block_n == 192 ? 192 : 256;
+  os << "gemm_ctas=" << gemm_ctas << " block=128x" << block_n
      << "x64 epilogue=tma_store(n%8==0) cluster="
      << c.cluster_m << " chunk_rows=" << kBlockM;
   if (c.transport == AgTransport::kCopyEngine) {
@@ -232,7 +241,8 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.block_n != 192 || (d.n % 8 == 0 && cfg.cluster_m == 1 && cfg.transport == AgTransport::kSendWarps),
                    "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (", d.n,
                    ") a multiple of 8, cluster_m 1 (got ", cfg.cluster_m, ") and the send-warp transport");
-  s_->block_n = cfg.block_n == 192 ? 192 : 256;
+  const int gemm_ctas = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
+  s_->block_n = auto_block_n(cfg, d, gemm_ctas);
   if (cfg.push_spread_us < 0) {  // auto: a fraction of the model's time for one band (tp::ag_push_spread_us)
     TpProblem p;
     p.op = "ag_gemm";
@@ -241,7 +251,7 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
     p.n = d.n;
     p.k_per_rank = d.k;
     p.dtype = d.dtype;
-    p.num_sms = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
+    p.num_sms = gemm_ctas;
     s_->cfg.push_spread_us = cfg.transport == AgTransport::kSendWarps ? ag_push_spread_us(p, cfg.push_spread_fraction) : 0;
   }
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);

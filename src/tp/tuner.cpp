@@ -153,7 +153,10 @@ TpChoice choice_from(const TpProblem& p, const Candidate& c, int pieces, int gro
   else
     out.pieces_per_chunk = 1;  // gemm_rs/gemm_ar flag whole 128x256 tiles: no pieces knob
   out.group_m = group_m;
-  if (p.op == "ag_gemm" && c.transport == "sm-send-warps") out.push_spread_us = ag_push_spread_us(p);
+  if (p.op == "ag_gemm" && c.transport == "sm-send-warps") {
+    out.push_spread_us = ag_push_spread_us(p);
+    out.block_n = ag_block_n(p.m, p.n, gemm_ctas);
+  }
   out.predicted_gemm_ms = c.gemm_ms;
   out.predicted_comm_ms = c.comm_ms;
   out.predicted_fused_ms = c.fused_ms;
@@ -344,6 +347,16 @@ int ag_push_spread_us(const TpProblem& p, double band_fraction) {
   if (p.world_size == 1) return 0;
   const double band_us = predict(p, "sm-send-warps", 0).gemm_ms * 1e3 / double(p.world_size);
   return int(std::lround(std::min(band_fraction * band_us, 100000.0)));
+}
+
+int ag_block_n(int64_t m, int64_t n, int num_sms) {
+  CCFUSE_ARG_CHECK(m > 0 && n > 0 && num_sms > 0, "ag_block_n: m ", m, ", n ", n, " and num_sms ", num_sms,
+                   " must be positive");
+  if (n % 8 != 0) return kBlockN;
+  const auto cost = [&](int64_t block_n) {
+    return double(ceil_div(ceil_div(m, kBlockM) * ceil_div(n, block_n), int64_t(num_sms))) * double(block_n);
+  };
+  return cost(192) < 0.95 * cost(kBlockN) ? 192 : kBlockN;
 }
 
 // ---- the choice ------------------------------------------------------------------------------

@@ -57,10 +57,12 @@ struct AgGemmConfig {
   // only (the copy engine's event fork sits between the two kernels). Tool env CCFUSE_TP_PDL=1.
   bool overlap_entry = false;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
-  // Columns per tile: 0 or 256, or 192 (TMA-store epilogue with send warps: n a multiple of 8,
-  // cluster_m 1). Measured 2026-11-30 on the ag_gemm shapes where the GEMM engine picks 192: 0.97-
-  // 1.04x the 256 tile's time (the plain GEMM gained up to 9 %; here the waits and the push set
-  // the pace), so 256 stays the default.
+  // Columns per tile: 256, or 192 (TMA-store epilogue with send warps: n a multiple of 8,
+  // cluster_m 1), or 0 = auto: tp::ag_block_n's wave rule (192 only where its whole waves cost
+  // >= 5 % less, e.g. 1024x14336; 256 where 192 cannot run). Measured 2026-11-30: where the plain
+  // GEMM engine would pick 192 the fused op took 0.97-1.04x the 256 tile's time (the waits and
+  // the push set its pace, not the tile's efficiency); on 1024x14336x8192, 3.4 waves of 256, 192
+  // took 0.955x.
   int block_n = 0;
   int pieces_per_chunk = 0;  // flags (and pushes) per 128-row chunk of A; 0 = enough for every CTA
   int group_m = 8;

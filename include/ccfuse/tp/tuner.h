@@ -128,4 +128,13 @@ struct TpModelConstants {
 // than ag_gemm, or band_fraction outside [0, 2].
 int ag_push_spread_us(const TpProblem& problem, double band_fraction = TpModelConstants::kAgPushSpreadFraction);
 
+// ag_gemm over send warps: the tile width, 256 or 192, for the gathered [m, K] x [K, n] GEMM on
+// num_sms CTAs. 192 where whole waves of its tiles cost at least 5 % less than 256's (waves x
+// columns, the tiles being equally fast per column in the fused kernel) and n is a multiple of
+// 8 (its TMA-store epilogue): the few-wave shapes whose 256 tiles leave the last wave mostly
+// empty (1024x14336: 448 tiles on 132 CTAs, 3.4 waves; 600 tiles of 192, 4.5). Measured
+// 2026-11-30: 1024x14336x8192 1.108 -> 1.060x the engine's GEMM time; on 4096x7168x4096 and
+// 8192x3072x4096, which this rule leaves at 256, 192 was 4-8 % slower.
+int ag_block_n(int64_t m, int64_t n, int num_sms);
+
 }  // namespace ccfuse::tp

@@ -278,6 +278,31 @@ TEST(TpTuner, AgPushSpreadIsAFractionOfOneBandsGemmTime) {
   }
 }
 
+TEST(TpTuner, AgBlockNIs192OnlyWhereItsWavesCostFivePercentLess) {
+  // 1024x14336: 8 x 56 = 448 tiles of 256 (4 waves on 132 CTAs: 1024 column-waves), 8 x 75 = 600
+  // of 192 (5 waves: 960, 6.25 % less).
+  EXPECT_EQ(ag_block_n(1024, 14336, 132), 192);
+  // 4096x7168: 896 tiles of 256 in 7 waves (1792) against 1216 of 192 in 10 (1920).
+  EXPECT_EQ(ag_block_n(4096, 7168, 132), 256);
+  // 8192x3072: 6 waves of 256 against 8 of 192: equal, 256 stays.
+  EXPECT_EQ(ag_block_n(8192, 3072, 132), 256);
+  // 8192x14336: 28 waves of 256 (7168) against 37 of 192 (7104): under 5 %.
+  EXPECT_EQ(ag_block_n(8192, 14336, 132), 256);
+  // n not a multiple of 8 (no TMA-store epilogue): 256 whatever the waves.
+  EXPECT_EQ(ag_block_n(1024, 14338, 132), 256);
+  EXPECT_EQ(ag_block_n(1024, 14336, 66), 256);  // 7 waves (1792) against 10 (1920)
+  // The tuner reports it for ag_gemm over send warps only.
+  EXPECT_EQ(choose_tp_config(problem("ag_gemm", 2, 1024, 14336, 8192), kEmpty).block_n, 192);
+  EXPECT_EQ(choose_tp_config(problem("ag_gemm", 2, 8192, 14336, 8192), kEmpty).block_n, 256);
+  EXPECT_EQ(choose_tp_config(problem("gemm_rs", 2, 1024, 14336, 8192), kEmpty).block_n, 256);
+  try {
+    ag_block_n(1024, 0, 132);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "ag_block_n: m 1024, n 0 and num_sms 132 must be positive");
+  }
+}
+
 TEST(TpTuner, TableRowOverridesTheModelOnAnExactMatchOnly) {
   const TempFile f("override.tsv", std::string(kHeader) +
                                        "gemm_rs\t2\t8192\t8192\t14336\t132\tsm-send-warps\t0\t0\t8\t3.0278\tres.jsonl\n"
