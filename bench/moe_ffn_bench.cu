@@ -676,6 +676,14 @@ int main(int argc, char** argv) {
               // CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs instead of the tuner's (0: after the GEMM).
               cfg.presum_ctas = choice.presum_ctas;
               if (const std::string v = env_or("CCFUSE_MOE_PRESUM_CTAS", ""); !v.empty()) cfg.presum_ctas = std::stoi(v);
+              // CCFUSE_MOE_DISPATCH_SPREAD_FRACTION=f (experiment): layer 0's dispatch paced over f x its
+              // GEMM's estimated time (T * k rows x [H, 2F] at 700 TFLOP/s; MoeFfnConfig::dispatch_spread_us).
+              if (const std::string v = env_or("CCFUSE_MOE_DISPATCH_SPREAD_FRACTION", ""); !v.empty()) {
+                const double frac = std::stod(v);
+                CCFUSE_CHECK(frac >= 0 && frac <= 2, "CCFUSE_MOE_DISPATCH_SPREAD_FRACTION '", v, "' must be in [0, 2]");
+                const double l0_us = 2.0 * double(tokens) * k * double(h) * 2.0 * double(f) / 700e12 * 1e6;
+                cfg.dispatch_spread_us = int(std::lround(std::min(frac * l0_us, 100000.0)));
+              }
               moe::MoeFfn ffn(team, desc, cfg);
               CCFUSE_CHECK(ffn.max_rows() >= max_rows, "MoeFfn::max_rows() ", ffn.max_rows(), " < W * T * k = ",
                            max_rows);

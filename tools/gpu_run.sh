@@ -338,7 +338,9 @@ if [[ " $what " == *" moe_ab "* ]]; then
     [[ $variant == stripedinter ]] && order=interleave
     # striped8inter / striped16inter: the same with 8 or 16 rows a warp a round (MoeFfnConfig::stripe_rows).
     stripe_rows=""; [[ $variant =~ ^striped([0-9]+)inter$ ]] && { stripe_rows=${BASH_REMATCH[1]}; order=interleave; l0order=expert; }
-    CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+    # l0paceF: the tuner's choices with layer 0's dispatch paced over F x its GEMM's estimated time.
+    pace=""; [[ $variant =~ ^l0pace([0-9.]+)$ ]] && pace=${BASH_REMATCH[1]}
+    CCFUSE_MOE_DISPATCH_SPREAD_FRACTION=$pace CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
       $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1

@@ -9,6 +9,7 @@
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/pace.cuh"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "ccfuse/moe/dispatch_gpu.h"
 #include "ccfuse/moe/dispatch_plan.h"
@@ -499,14 +500,17 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // one system fence per round, then the rows' counts in parallel (lane j: row j). The first
   // version fenced and searched per row: 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
   int stripe_rows = 16;
+  uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
+    const uint64_t t0 = pace_start(spread_ns);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
     const int warp = tid / 32, lane = tid % 32;
     const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
     int lo = 0;  // rotated expert of the warp's latest row: rows only go forward
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
+      pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
       int my_lo = 0, my_owner = 0;
       int64_t my_r = 0;
       int rows_here = 0;
@@ -569,7 +573,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
     const int total = base[geo.experts];
     const int64_t row_bytes = geo.hidden * int64_t(sizeof(E));
+    const uint64_t t0 = pace_start(spread_ns);
     for (int64_t u = cta; u < total; u += num_ctas) {
+      pace_until(t0, spread_ns, u, total);  // unit u not before t0 + u / units of the spread
       int lo = 0, hi = geo.experts;  // largest rotated index i with base[i] <= u
       while (hi - lo > 1) {
         const int mid = (lo + hi) / 2;
@@ -996,6 +1002,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
+  CCFUSE_ARG_CHECK(cfg.dispatch_spread_us >= 0 && cfg.dispatch_spread_us <= 100000, "dispatch_spread_us ",
+                   cfg.dispatch_spread_us, " must be in [0, 100000]");
   CCFUSE_ARG_CHECK(!cfg.gather_rows || cfg.dispatch == MoeDispatch::kAllGather,
                    "gather_rows needs dispatch = kAllGather (all-to-all puts each row in its final place already)");
   CCFUSE_ARG_CHECK(d.num_experts >= 1, "num_experts ", d.num_experts, " must be at least 1");
@@ -1141,6 +1149,8 @@ std::string MoeFfn::describe() const {
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
      << (!allgather && s_->striped ? "(striped rows, " + std::to_string(s_->cfg.stripe_rows) + " a warp a round)"
                                    : std::string())
+     << (!allgather && s_->cfg.dispatch_spread_us > 0 ? "(paced over " + std::to_string(s_->cfg.dispatch_spread_us) + " us)"
+                                                      : std::string())
      << (s_->cfg.local_first > 0 ? "(local-first tiles)"
                                  : s_->cfg.local_first == 0 ? "(expert-order tiles)"
                                                             : "(tile order auto: local-first at <= 4096 tokens)")
@@ -1291,6 +1301,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.striped = s.striped;
     epi.unit_done = s.plan.unit_done;
     epi.stripe_rows = s.cfg.stripe_rows;
+    epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));

@@ -402,6 +402,28 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
   return res;
 }
 
+// A/B of the timing method (CCFUSE_BENCH_LEAD_US=N, 0..10000): before each timed run's start
+// event the stream spins N us on the GPU, so that the host has enqueued the run's launches
+// before the GPU reaches the event and the event pair measures GPU time, not the host's
+// enqueue latency (as when a training loop runs ahead of the GPU). The same for every variant.
+__global__ void lead_spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+int lead_us() {
+  const char* v = std::getenv("CCFUSE_BENCH_LEAD_US");
+  if (v == nullptr || !*v) return 0;
+  char* end = nullptr;
+  const long us = std::strtol(v, &end, 10);
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && us >= 0 && us <= 10000, "CCFUSE_BENCH_LEAD_US '", v,
+                   "' must be a number of microseconds in [0, 10000]");
+  return int(us);
+}
+
 BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   if (is_gemm(o)) return gpu_gemm_bench(o, log);  // single GPU: gpu_gemm_bench.cu
   if (is_grouped(o)) return gpu_grouped_bench(o, log);  // single GPU: gpu_grouped_bench.cu
@@ -419,8 +441,10 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
   cudaDeviceProp prop{};
   CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int lead = lead_us();
   log << "gpu: " << w << " x " << prop.name << ", serial NCCL + cuBLAS baselines, " << num_sets
-      << " rotated input sets, " << o.warmup << " warm-up + " << o.iters << " timed runs each\n";
+      << " rotated input sets, " << o.warmup << " warm-up + " << o.iters << " timed runs each"
+      << (lead > 0 ? ", a " + std::to_string(lead) + " us GPU spin before each start event" : std::string()) << "\n";
 
   comm::run_local_world(devices_for(o), [&](Team& team) {
     const int r = team.rank();
@@ -453,6 +477,10 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     for (int it = 0; it < o.warmup + o.iters; ++it) {
       for (Part& part : parts) {
         team.barrier(st.stream);  // ranks start each run together
+        if (lead > 0) {
+          lead_spin_kernel<<<1, 1, 0, st.stream>>>(uint64_t(lead) * 1000u);
+          CCFUSE_CUDA_CHECK(cudaGetLastError());
+        }
         CCFUSE_CUDA_CHECK(cudaEventRecord(e0, st.stream));
         part.run(it % num_sets);
         CCFUSE_CUDA_CHECK(cudaEventRecord(e1, st.stream));
@@ -545,7 +573,8 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   rec.notes = (has_fused(o) ? "fused " + fused_config(o, prop.multiProcessorCount) + "; rel_err of the fused op"
                             : std::string("serial NCCL+cuBLAS baselines only (t_fused null: no fused kernel for this op/shape "
                                           "yet); rel_err of the serial op")) +
-              " over " + std::to_string(kSampleRows) + " sampled output rows per rank";
+              " over " + std::to_string(kSampleRows) + " sampled output rows per rank" +
+              (lead > 0 ? "; timing: a " + std::to_string(lead) + " us GPU spin before each start event" : "");
   return rec;
 }
 

@@ -8,6 +8,7 @@
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/pace.cuh"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "src/tp/banded_tiles.cuh"
 #include "src/tp/tile_copy.cuh"
@@ -99,12 +100,9 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
     const epoch_t e = comm::current_epoch(sig);
     const int64_t total = int64_t(m_tiles_per_band) * pieces;
     const int64_t pushers = push_ctas > 0 && push_ctas < num_ctas ? push_ctas : num_ctas;
-    const uint64_t t0 = spread_ns > 0 ? gemm::sm90::globaltimer_ns() : 0;
+    const uint64_t t0 = pace_start(spread_ns);
     for (int64_t piece = cta; piece < total; piece += pushers) {
-      if (spread_ns > 0) {  // piece i of the band not before t0 + i / total of the spread
-        const uint64_t due = t0 + spread_ns * uint64_t(piece) / uint64_t(total);
-        while (gemm::sm90::globaltimer_ns() < due) __nanosleep(500);
-      }
+      pace_until(t0, spread_ns, piece, total);  // piece i of the band not before t0 + i / total of the spread
       const int chunk = int(piece / pieces), pc = int(piece % pieces);
       const int64_t offset = band_offset_bytes + (int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece) * row_bytes;
       const int64_t bytes = int64_t(rows_per_piece) * row_bytes;

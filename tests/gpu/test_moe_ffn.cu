@@ -95,6 +95,7 @@ struct Case {
   int local_first = -1;  // MoeFfnConfig::local_first
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
+  int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -285,6 +286,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.local_first = c.local_first;
     config.striped_dispatch = c.striped;
     config.stripe_rows = c.stripe_rows;
+    config.dispatch_spread_us = c.dispatch_spread_us;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     config.gather_rows = c.gather_rows;
@@ -504,6 +506,16 @@ std::vector<Case> cases() {
   stripe32.name = "striped_32_rows_a_round_top8";
   stripe32.stripe_rows = 32;
   v.push_back(stripe32);
+  // Layer 0's dispatch paced (MoeFfnConfig::dispatch_spread_us, experiment 2026-11-30), striped
+  // and by units: rows arrive over 200 us instead of at once.
+  Case paced_striped = striped;
+  paced_striped.name = "striped_paced_200us";
+  paced_striped.dispatch_spread_us = 200;
+  v.push_back(paced_striped);
+  Case paced_units{"units_paced_200us_top4", 512, 256, 16, 4, true, BLayout::kKN, Route::kUniform, {900, 700}};
+  paced_units.striped = 0;
+  paced_units.dispatch_spread_us = 200;
+  v.push_back(paced_units);
   // Layer 0's preparation (chunk_rank_kernel, chunk_send_list_kernel) over three 2048-entry
   // chunks with unit sends: an entry ranked wrong in its chunk shows in layer0_output(), which is
   // checked in receive order. (The striped cases above cover drops, a rank without tokens and
@@ -563,6 +575,8 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 0; })); }, "stripe_rows");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 33; })); }, "stripe_rows");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.local_first = 2; })); }, "local_first");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.dispatch_spread_us = -1; })); },
+                    "dispatch_spread_us");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.striped_dispatch = -2; })); },
                     "striped_dispatch");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.gather_rows = true; })); },

@@ -112,6 +112,12 @@ struct MoeFfnConfig {
   // rows per fence for small rows, coarser arrival order). 16 (MoeTunerConstants::kStripeRows):
   // measured 2026-11-30 against 4 and 8, faster for 4 KB rows, even for 8-14 KB.
   int stripe_rows = 16;
+  // EXPERIMENT (2026-11-30, opt-in): layer 0's all-to-all dispatch paced over this many
+  // microseconds (send-list row i, or unit u, not before the dispatch's start + i / n of it)
+  // instead of one burst, as ag_gemm's push since v3.5 (docs/tp-fusion.md): the burst slows the
+  // GEMM beside it (Qwen3 layer 0: ~0.07 ms of 0.51). 0 = burst. Bench env
+  // CCFUSE_MOE_DISPATCH_SPREAD_FRACTION (a fraction of layer 0's estimated GEMM time).
+  int dispatch_spread_us = 0;
   // Layer 1 with the pre-summed combine: 0 = the pre-sum as a kernel after the GEMM (default);
   // n > 0 = n CTAs that pre-sum each slice of columns beside the GEMM as soon as the GEMM has
   // stored it (the GEMM takes its tiles slice by slice on the other SMs); -1 = the MoE tuner's
@@ -138,7 +144,7 @@ class MoeFfn {
  public:
   // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
   // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; local_first and
-  // striped_dispatch in [-1, 1]; stripe_rows in [1, 32]; H a positive
+  // striped_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; H a positive
   // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
   // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
   MoeFfn(comm::Team& team, const MoeFfnDesc& desc, MoeFfnConfig config = {});
