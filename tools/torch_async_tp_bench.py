@@ -42,13 +42,20 @@ def parse_shape(text):
     return op, int(m), int(n), int(k)
 
 
-def time_ms(fns, iters, warmup, group):
-    """Medians of each of fns, timed in the same rounds (one run of each per round, in turn)."""
+def time_ms(fns, iters, warmup, group, lead_us=0):
+    """Medians of each of fns, timed in the same rounds (one run of each per round, in turn).
+
+    lead_us > 0: the GPU spins that long (torch.cuda._sleep, ~2000 cycles a microsecond at the
+    H200's 1.98 GHz) before each start event, so that the run's launches are queued before the
+    GPU reaches the event: the events measure GPU time, not the host's enqueue latency (the
+    ccfuse bench does the same, CCFUSE_BENCH_LEAD_US)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = [[] for _ in fns]
     for i in range(warmup + iters):
         for fn, t in zip(fns, times):
             dist.barrier(group=group)
+            if lead_us > 0:
+                torch.cuda._sleep(int(lead_us * 2000))
             start.record()
             fn()
             end.record()
@@ -64,6 +71,8 @@ def main():
     p.add_argument("--shape", type=parse_shape, action="append", required=True, help="op,m,n,k")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--lead-us", type=int, default=100,
+                   help="GPU spin before each timed run's start event (0: time the host's enqueue too)")
     p.add_argument("--ccfuse-lib", help="libccfuse_c.so: also time ccfuse's fused op in the same rounds")
     args = p.parse_args()
 
@@ -118,7 +127,7 @@ def main():
                 fused.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream().cuda_stream)
 
             fns.append(ours)
-        t = time_ms(fns, args.iters, args.warmup, group)
+        t = time_ms(fns, args.iters, args.warmup, group, args.lead_us)
         # A collective op finishes with its slowest rank (the local GEMM: the slowest GPU too).
         t_all = [None] * world
         dist.all_gather_object(t_all, t)
@@ -127,7 +136,7 @@ def main():
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "gpu": "%d x %s" % (world, torch.cuda.get_device_name()), "command": " ".join(sys.argv),
                "t_peer_ms": t_peer, "t_peer_mm_ms": t_mm,
-               "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__}
+               "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__, "lead_us": args.lead_us}
         line = "%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms, torch.mm of the local GEMM %.4f ms (ratio %.3f)" % (
             op, m, n, k, t_peer, t_mm, t_peer / t_mm)
         if ccfuse is not None:

@@ -402,10 +402,13 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
   return res;
 }
 
-// A/B of the timing method (CCFUSE_BENCH_LEAD_US=N, 0..10000): before each timed run's start
-// event the stream spins N us on the GPU, so that the host has enqueued the run's launches
-// before the GPU reaches the event and the event pair measures GPU time, not the host's
-// enqueue latency (as when a training loop runs ahead of the GPU). The same for every variant.
+// The timing method: before each timed run's start event the stream spins 100 us on the GPU
+// (CCFUSE_BENCH_LEAD_US=N, 0..10000, changes it; 0 = the method before 2026-11-30 19:30), so
+// that the host has enqueued the run's launches before the GPU reaches the event and the event
+// pair measures GPU time, not the host's enqueue latency (as when a training loop runs ahead of
+// the GPU; the single-GPU GEMM benches hold the stream for the same reason). The same for every
+// variant. Measured 2026-11-30: without it cuBLAS's t_gemm carried 10-30 us of host latency on
+// the 0.3 ms shapes, ours hardly any (docs/perf-notes.md).
 __global__ void lead_spin_kernel(uint64_t ns) {
   uint64_t t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -416,7 +419,7 @@ __global__ void lead_spin_kernel(uint64_t ns) {
 }
 int lead_us() {
   const char* v = std::getenv("CCFUSE_BENCH_LEAD_US");
-  if (v == nullptr || !*v) return 0;
+  if (v == nullptr || !*v) return 100;
   char* end = nullptr;
   const long us = std::strtol(v, &end, 10);
   CCFUSE_ARG_CHECK(end != v && *end == 0 && us >= 0 && us <= 10000, "CCFUSE_BENCH_LEAD_US '", v,
