@@ -369,7 +369,9 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # ag: ag_gemm's default alone; agpeersonly: without filling its own gather slot
   # (CCFUSE_AG_RETURN_GATHERED=0); agspreadN: the push paced over N us (agspread0: one burst);
   # agfracF: over F x one band's predicted GEMM time (the default's rule, another fraction).
-  # base: every op at its defaults (the reference for pdl / cluster2 in the same call).
+  # base: every op at its defaults (the reference for pdl / cluster2 / gmN in the same call).
+  # gmN: every op with group_m N (CCFUSE_TP_GROUP_M; the tuner's is 8, the plain engine's 16 on
+  # large shapes).
   # CCFUSE_TP_AB_VARIANTS: a subset (e.g. "pdl"), to spend device time only on what is new.
   for variant in ${CCFUSE_TP_AB_VARIANTS:-pdl cluster2 copy-engine}; do
     check_op=ag_gemm
@@ -384,6 +386,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
       agfrac[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_FRACTION=${variant#agfrac} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       base) vars=(CCFUSE_TP_NO_PEER=1) ;;  # every op at its defaults, no peer baseline: the A/B's reference
+      gm[0-9]*) vars=(CCFUSE_TP_GROUP_M=${variant#gm} CCFUSE_TP_NO_PEER=1) ;;  # group_m N for every op
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;
       bn256|bn192) vars=(CCFUSE_AG_BLOCK_N=${variant#bn} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       *) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm) ;;
@@ -401,7 +404,8 @@ if [[ " $what " == *" tp_w1 "* ]]; then
   # against the plain engine and cuBLAS on the same per-rank GEMM.
   : > "$OUT/tp_w1.log"
   for spec in "ag_gemm 8192 14336 8192" "ag_gemm 16384 14336 8192" "gemm_rs 8192 8192 14336" "gemm_ar 8192 8192 14336" \
-              "ag_gemm 8192 3072 4096" "gemm_rs 8192 4096 3072"; do
+              "ag_gemm 8192 3072 4096" "gemm_rs 8192 4096 3072" "ag_gemm 1024 14336 8192" "ag_gemm 4096 7168 4096" \
+              "gemm_ar 4096 4096 7168"; do
     set -- $spec
     timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --world-size 1 --dtype bf16 --json "$OUT/tp_w1.jsonl" \
       >> "$OUT/tp_w1.log" 2>&1 || status=1

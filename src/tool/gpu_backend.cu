@@ -81,10 +81,20 @@ bool pdl_override() {
   CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_TP_PDL '", t, "' must be 0 or 1");
   return t == "1";
 }
+// A/B runs: CCFUSE_TP_GROUP_M=N (1..64) sets the fused TP GEMMs' group_m (row tiles per raster
+// group; the tuner's 8 otherwise, where the plain engine uses 16 on large shapes).
+int group_m_override(int tuned) {
+  const char* v = std::getenv("CCFUSE_TP_GROUP_M");
+  if (v == nullptr || !*v) return tuned;
+  char* end = nullptr;
+  const long g = std::strtol(v, &end, 10);
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && g >= 1 && g <= 64, "CCFUSE_TP_GROUP_M '", v, "' must be in [1, 64]");
+  return int(g);
+}
 tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
   tp::AgGemmConfig cfg;
   cfg.pieces_per_chunk = c.pieces_per_chunk;
-  cfg.group_m = c.group_m;
+  cfg.group_m = group_m_override(c.group_m);
   cfg.transport = c.transport == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
   cfg.cluster_m = cluster_override();
   cfg.overlap_entry = pdl_override();
@@ -137,7 +147,7 @@ tp::AgGemmDesc ag_desc(const Options& o) {
 }
 tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   tp::GemmRsConfig cfg;
-  cfg.group_m = c.group_m;
+  cfg.group_m = group_m_override(c.group_m);
   cfg.cluster_m = cluster_override();
   cfg.overlap_entry = pdl_override();
   // A/B runs (tools/gpu_run.sh tp_ab, variant rsreg): CCFUSE_RS_TMA_STORE=0 stores gemm_rs /
