@@ -413,7 +413,7 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
 }
 
 // The timing method: before each timed run's start event the stream spins 100 us on the GPU
-// (CCFUSE_BENCH_LEAD_US=N, 0..10000, changes it; 0 = the method before 2026-11-30 19:30), so
+// (CCFUSE_BENCH_LEAD_US=N, 0..10000, changes it; 0 = the method before 3906f43, 2026-11-30 19:00 UTC), so
 // that the host has enqueued the run's launches before the GPU reaches the event and the event
 // pair measures GPU time, not the host's enqueue latency (as when a training loop runs ahead of
 // the GPU; the single-GPU GEMM benches hold the stream for the same reason). The same for every
