@@ -83,12 +83,11 @@ bool pdl_override() {
 }
 // A/B runs: CCFUSE_TP_GROUP_M=N (1..64) sets the fused TP GEMMs' group_m (row tiles per raster
 // group; the tuner's 8 otherwise, where the plain engine uses 16 on large shapes).
-int group_m_override(int tuned) {
-  const char* v = std::getenv("CCFUSE_TP_GROUP_M");
+int group_m_override(int tuned, const char* v = std::getenv("CCFUSE_TP_GROUP_M")) {
   if (v == nullptr || !*v) return tuned;
   char* end = nullptr;
   const long g = std::strtol(v, &end, 10);
-  CCFUSE_ARG_CHECK(end != v && *end == 0 && g >= 1 && g <= 64, "CCFUSE_TP_GROUP_M '", v, "' must be in [1, 64]");
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && g >= 1 && g <= 64, "group_m override '", v, "' must be in [1, 64]");
   return int(g);
 }
 tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
@@ -300,7 +299,15 @@ struct RankState {
   // ccfuse's GEMM engine on the same local GEMM (B [K, N]), its default config.
   void ccfuse_gemm_part(int set) {
     const gemm::GemmDesc g = gemm::make_desc(o.m, o.n, s.gemm_k, o.dtype, gemm::BLayout::kKN);
-    const gemm::GemmConfig cfg = gemm::choose_config(g, gemm::current_device_sms());
+    gemm::GemmConfig cfg = gemm::choose_config(g, gemm::current_device_sms());
+    // A/B runs: CCFUSE_TP_ENGINE_CLUSTER=1|2 and CCFUSE_TP_ENGINE_GROUP_M=N put the engine in the
+    // fused kernels' raster (cluster 1, group_m 8) to separate config from fusion cost.
+    if (const char* v = std::getenv("CCFUSE_TP_ENGINE_CLUSTER"); v != nullptr && *v) {
+      const std::string t = v;
+      CCFUSE_ARG_CHECK(t == "1" || t == "2", "CCFUSE_TP_ENGINE_CLUSTER '", t, "' must be 1 or 2");
+      cfg.cluster_m = std::stoi(t);
+    }
+    if (const char* v = std::getenv("CCFUSE_TP_ENGINE_GROUP_M"); v != nullptr && *v) cfg.group_m = group_m_override(cfg.group_m, v);
     gemm::run(g, cfg, is_ag(o) ? gathered[set] : a[set], b[set], is_ag(o) ? out[set] : gathered[set], stream);
   }
   void gemm_part(int set) {
