@@ -8,11 +8,14 @@ Per rank: the kernel span (first tile start to last tile stored, over all CTAs),
 average the time in each phase of its tiles: mainloop (start -> mma_done: TMA waits, ready
 waits and wgmma), addends (mma_done -> addends_ready: waiting for and adding peer partials),
 store (addends_ready -> stored: the epilogue stores and the hand-over to the send warps), and
-the gaps (span minus the three). With --band-tiles N (128-row tiles per rank's band, M / W / 128),
+the gaps (span minus the three). With PREFIX.rank<r>.stamps beside a CSV (globaltimer
+stamps around the op and around the engine's GEMM, written by the same bench): the op's and the
+engine's times in that clock, and the last run's time before its first tile and after its last. With --band-tiles N (128-row tiles per rank's band, M / W / 128),
 also the median mainloop of the rank's own-band tiles against the other bands' tiles, and of the
 first wave (one tile per CTA) of the other bands: a wait for remote rows would show there.
 Standard library only."""
 import csv
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -77,6 +80,18 @@ def main(args):
         print(f"{path}: {s['ctas']} CTAs, {s['tiles']} tiles ({s['tiles_per_cta']:.1f} per CTA), span {span:.1f} us")
         for key in ("mainloop_us", "addends_us", "store_us", "gaps_us", "late_start_us", "early_end_us"):
             print(f"  {key[:-3]:<12} {s[key]:9.1f} us  {pct(s[key])} of the span (per-CTA average)")
+        stamps_path = path[:-4] + ".stamps" if path.endswith(".csv") else None
+        if stamps_path and os.path.exists(stamps_path):
+            st = load(stamps_path)
+            t0 = min(r["start_ns"] for r in rows)
+            t1 = max(r["stored_ns"] for r in rows)
+            fused = [(r["fused_end_ns"] - r["fused_begin_ns"]) / 1e3 for r in st]
+            engine = [(r["engine_end_ns"] - r["engine_begin_ns"]) / 1e3 for r in st]
+            last = st[-1]
+            print(f"  stamps: op {statistics.median(fused):.1f} us (runs {', '.join(f'{v:.1f}' for v in fused)}), "
+                  f"engine GEMM {statistics.median(engine):.1f} us (runs {', '.join(f'{v:.1f}' for v in engine)})")
+            print(f"  last run: before the first tile {(t0 - last['fused_begin_ns']) / 1e3:.1f} us, tiles "
+                  f"{(t1 - t0) / 1e3:.1f} us, after the last tile {(last['fused_end_ns'] - t1) / 1e3:.1f} us")
         if band_tiles > 0:
             own, other, first, n_own, n_other = bands(rows, band_tiles)
             print(f"  mainloop median: own band {own:.1f} us ({n_own} tiles), other bands {other:.1f} us "

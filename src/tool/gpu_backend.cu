@@ -232,6 +232,37 @@ std::vector<float> rounded(std::vector<float> v, DType t) {
 
 // One rank's device state for the serial baseline (several input sets, rotated so that the L2
 // does not serve repeated runs).
+// The timing method: before each timed run's start event the stream spins 100 us on the GPU
+// (CCFUSE_BENCH_LEAD_US=N, 0..10000, changes it; 0 = the method before 3906f43, 2026-11-30 19:00 UTC), so
+// that the host has enqueued the run's launches before the GPU reaches the event and the event
+// pair measures GPU time, not the host's enqueue latency (as when a training loop runs ahead of
+// the GPU; the single-GPU GEMM benches hold the stream for the same reason). The same for every
+// variant. Measured 2026-11-30: without it cuBLAS's t_gemm carried 10-30 us of host latency on
+// the 0.3 ms shapes, ours hardly any (docs/perf-notes.md).
+__global__ void lead_spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+// Diagnostics (trace_fused): the GPU's clock at this point of the stream.
+__global__ void stamp_kernel(uint64_t* out) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *out = t;
+}
+int lead_us() {
+  const char* v = std::getenv("CCFUSE_BENCH_LEAD_US");
+  if (v == nullptr || !*v) return 100;
+  char* end = nullptr;
+  const long us = std::strtol(v, &end, 10);
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && us >= 0 && us <= 10000, "CCFUSE_BENCH_LEAD_US '", v,
+                   "' must be a number of microseconds in [0, 10000]");
+  return int(us);
+}
+
 struct RankState {
   Team& team;
   const Options& o;
@@ -330,11 +361,37 @@ struct RankState {
       if (fused_rs) fused_rs->set_trace(r, slots);
       if (fused_ar) fused_ar->set_trace(r, slots);
     };
+    // Where the op's time goes outside its tiles: globaltimer stamps (one-thread kernels) around
+    // the traced op and around the engine's GEMM, each after the bench's lead spin, three times;
+    // the tiles are the last run's (PREFIX.rank<r>.stamps: tools/tile_trace.py reads it).
+    uint64_t* stamps = nullptr;
+    constexpr int kStampRuns = 3;
+    CCFUSE_CUDA_CHECK(cudaMalloc(&stamps, 4 * kStampRuns * sizeof(uint64_t)));
+    const uint64_t lead_ns = uint64_t(std::max(lead_us(), 100)) * 1000u;
     set(rec);
-    team.barrier(stream);
-    fused(0);
+    for (int i = 0; i < kStampRuns; ++i) {
+      team.barrier(stream);
+      lead_spin_kernel<<<1, 1, 0, stream>>>(lead_ns);
+      stamp_kernel<<<1, 1, 0, stream>>>(stamps + 4 * i);
+      fused(0);
+      stamp_kernel<<<1, 1, 0, stream>>>(stamps + 4 * i + 1);
+      lead_spin_kernel<<<1, 1, 0, stream>>>(lead_ns);
+      stamp_kernel<<<1, 1, 0, stream>>>(stamps + 4 * i + 2);
+      ccfuse_gemm_part(0);
+      stamp_kernel<<<1, 1, 0, stream>>>(stamps + 4 * i + 3);
+      CCFUSE_CUDA_CHECK_LAUNCH();
+    }
     team.synchronize(stream);
     set(nullptr);
+    {
+      std::vector<uint64_t> st(4 * kStampRuns);
+      CCFUSE_CUDA_CHECK(cudaMemcpy(st.data(), stamps, st.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+      cudaFree(stamps);
+      std::ofstream f(prefix + ".rank" + std::to_string(team.rank()) + ".stamps");
+      f << "fused_begin_ns,fused_end_ns,engine_begin_ns,engine_end_ns\n";
+      for (int i = 0; i < kStampRuns; ++i)
+        f << st[4 * i] << "," << st[4 * i + 1] << "," << st[4 * i + 2] << "," << st[4 * i + 3] << "\n";
+    }
     std::vector<gemm::TileTrace> host(count);
     CCFUSE_CUDA_CHECK(cudaMemcpy(host.data(), rec, count * sizeof(gemm::TileTrace), cudaMemcpyDeviceToHost));
     cudaFree(rec);
@@ -419,30 +476,6 @@ CheckResult gpu_check(const Options& o, std::ostream& log) {
   return res;
 }
 
-// The timing method: before each timed run's start event the stream spins 100 us on the GPU
-// (CCFUSE_BENCH_LEAD_US=N, 0..10000, changes it; 0 = the method before 3906f43, 2026-11-30 19:00 UTC), so
-// that the host has enqueued the run's launches before the GPU reaches the event and the event
-// pair measures GPU time, not the host's enqueue latency (as when a training loop runs ahead of
-// the GPU; the single-GPU GEMM benches hold the stream for the same reason). The same for every
-// variant. Measured 2026-11-30: without it cuBLAS's t_gemm carried 10-30 us of host latency on
-// the 0.3 ms shapes, ours hardly any (docs/perf-notes.md).
-__global__ void lead_spin_kernel(uint64_t ns) {
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
-}
-int lead_us() {
-  const char* v = std::getenv("CCFUSE_BENCH_LEAD_US");
-  if (v == nullptr || !*v) return 100;
-  char* end = nullptr;
-  const long us = std::strtol(v, &end, 10);
-  CCFUSE_ARG_CHECK(end != v && *end == 0 && us >= 0 && us <= 10000, "CCFUSE_BENCH_LEAD_US '", v,
-                   "' must be a number of microseconds in [0, 10000]");
-  return int(us);
-}
 
 BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   if (is_gemm(o)) return gpu_gemm_bench(o, log);  // single GPU: gpu_gemm_bench.cu
