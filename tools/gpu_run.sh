@@ -357,7 +357,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # A/B of the fused TP ops against the defaults (the tp section): in 2-CTA clusters
   # (CCFUSE_TP_CLUSTER=2, every op), and ag_gemm over the copy engine (CCFUSE_AG_TRANSPORT), each
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
-  # pdl (EXPERIMENT, written 2026-11-30): the GEMMs launched with programmatic dependent launch
+  # pdl: the GEMMs launched with programmatic dependent launch (the default since 2026-11-30 21:10; nopdl: without)
   # after their entry barrier (CCFUSE_TP_PDL=1, every op).
   # bn192: ag_gemm with 192-column tiles (CCFUSE_AG_BLOCK_N=192; opt-in, measured 0.97-1.04x the
   # 256 tile's time 2026-11-30). bn256: the default, explicitly.
@@ -385,6 +385,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
       agspread[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_US=${variant#agspread} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       agfrac[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_FRACTION=${variant#agfrac} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
+      nopdl) vars=(CCFUSE_TP_PDL=0 CCFUSE_TP_NO_PEER=1) ;;  # without PDL after the entry barrier (the default before 2026-11-30 21:10)
       base) vars=(CCFUSE_TP_NO_PEER=1) ;;  # every op at its defaults, no peer baseline: the A/B's reference
       gm[0-9]*) vars=(CCFUSE_TP_GROUP_M=${variant#gm} CCFUSE_TP_NO_PEER=1) ;;  # group_m N for every op
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;

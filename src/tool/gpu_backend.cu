@@ -72,11 +72,11 @@ int cluster_override() {
   CCFUSE_ARG_CHECK(t == "1" || t == "2", "CCFUSE_TP_CLUSTER '", t, "' must be 1 or 2");
   return std::stoi(t);
 }
-// EXPERIMENT (A/B runs): CCFUSE_TP_PDL=1 launches the fused TP GEMMs with programmatic
-// dependent launch after their entry barrier (AgGemmConfig/GemmRsConfig::overlap_entry).
-bool pdl_override() {
+// A/B runs: CCFUSE_TP_PDL=0 | 1 sets whether the fused TP GEMMs are launched with programmatic
+// dependent launch after their entry barrier (AgGemmConfig/GemmRsConfig::overlap_entry; default on).
+bool pdl_override(bool dflt) {
   const char* v = std::getenv("CCFUSE_TP_PDL");
-  if (v == nullptr || !*v) return false;
+  if (v == nullptr || !*v) return dflt;
   const std::string t = v;
   CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_TP_PDL '", t, "' must be 0 or 1");
   return t == "1";
@@ -96,7 +96,7 @@ tp::AgGemmConfig ag_config(const tp::TpChoice& c) {
   cfg.group_m = group_m_override(c.group_m);
   cfg.transport = c.transport == "copy-engine" ? tp::AgTransport::kCopyEngine : tp::AgTransport::kSendWarps;
   cfg.cluster_m = cluster_override();
-  cfg.overlap_entry = pdl_override();
+  cfg.overlap_entry = pdl_override(cfg.overlap_entry);
   // A/B runs (tools/gpu_run.sh tp_ab): CCFUSE_AG_TRANSPORT=copy-engine | sm-send-warps overrides
   // the tuner; the record's config says which ran.
   if (const char* v = std::getenv("CCFUSE_AG_TRANSPORT"); v != nullptr && *v) {
@@ -148,7 +148,7 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   tp::GemmRsConfig cfg;
   cfg.group_m = group_m_override(c.group_m);
   cfg.cluster_m = cluster_override();
-  cfg.overlap_entry = pdl_override();
+  cfg.overlap_entry = pdl_override(cfg.overlap_entry);
   // A/B runs (tools/gpu_run.sh tp_ab, variant rsreg): CCFUSE_RS_TMA_STORE=0 stores gemm_rs /
   // gemm_ar tiles from registers (v1) instead of through TMA.
   if (const char* v = std::getenv("CCFUSE_RS_TMA_STORE"); v != nullptr && *v) {

@@ -51,11 +51,12 @@ struct AgGemmConfig {
   // GEMM does; needs M / W a multiple of 256). Measured 2026-11-30: 2 was 0-3 % slower on the TP
   // shapes (a pair moves in lockstep, so one CTA's flag wait stalls both), so 1 is the default.
   int cluster_m = 1;
-  // Opt-in (measured 2026-11-30: 0.976-1.027x the default's time, no gain): launch the GEMM with programmatic
-  // dependent launch after the entry barrier kernel, so that its prologue and its own-band tiles
-  // overlap the barrier; the pushes and remote waits come after griddepcontrol.wait. Send warps
-  // only (the copy engine's event fork sits between the two kernels). Tool env CCFUSE_TP_PDL=1.
-  bool overlap_entry = false;
+  // Launch the GEMM with programmatic dependent launch after the entry barrier kernel, so that
+  // its prologue and its own-band tiles overlap the barrier; the pushes and remote waits come
+  // after griddepcontrol.wait. Send warps only (the copy engine's event fork sits between the two
+  // kernels). Default since 2026-11-30 (21:10): in GPU time 0.989-1.000x the time without it on
+  // every TP shape measured (docs/perf-notes.md). Tool env CCFUSE_TP_PDL=0 for A/B.
+  bool overlap_entry = true;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
   // Columns per tile: 256, or 192 (TMA-store epilogue with send warps: n a multiple of 8,
   // cluster_m 1), or 0 = auto: tp::ag_block_n's wave rule (192 only where its whole waves cost

@@ -49,11 +49,11 @@ struct GemmRsConfig {
   // 2026-11-30: 2 was 1-5 % slower on the TP shapes (a pair moves in lockstep, so one CTA's wait
   // for the peers' partials stalls both), so 1 is the default.
   int cluster_m = 1;
-  // Opt-in (measured 2026-11-30: 0.976-1.027x the default's time, no gain): launch the GEMM with programmatic
-  // dependent launch after the entry barrier kernel, so that its prologue and first tiles overlap
-  // the barrier; sends, addend waits and the tail come after griddepcontrol.wait. Tool env
-  // CCFUSE_TP_PDL=1.
-  bool overlap_entry = false;
+  // Launch the GEMM with programmatic dependent launch after the entry barrier kernel, so that
+  // its prologue and first tiles overlap the barrier; sends, addend waits and the tail come after
+  // griddepcontrol.wait. Default since 2026-11-30 (21:10): in GPU time 0.989-1.000x the time
+  // without it (docs/perf-notes.md). Tool env CCFUSE_TP_PDL=0 for A/B.
+  bool overlap_entry = true;
   // The epilogue stores whole tiles through shared memory and TMA (3 pipeline stages; the own
   // band's tiles to C, the peers' to the staging buffer the send warps forward), as the plain
   // GEMM does; false: from registers (4 stages, v1). Needs cluster_m 1 and N a multiple of 8
