@@ -369,6 +369,9 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # ag: ag_gemm's default alone; agpeersonly: without filling its own gather slot
   # (CCFUSE_AG_RETURN_GATHERED=0); agspreadN: the push paced over N us (agspread0: one burst);
   # agfracF: over F x one band's predicted GEMM time (the default's rule, another fraction).
+  # agce / agcepo: ag_gemm over the copy engine without the peer baseline, with / without the own
+  # gather-slot copy (GPU time, 2026-11-30 21:40: traced faster than the send warps at W = 2).
+  # rsnopf: gemm_rs / gemm_ar without the addend prefetch (CCFUSE_RS_PREFETCH_ADDENDS=0).
   # base: every op at its defaults (the reference for pdl / cluster2 / gmN in the same call).
   # gmN: every op with group_m N (CCFUSE_TP_GROUP_M; the tuner's is 8, the plain engine's 16 on
   # large shapes).
@@ -378,6 +381,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
     case $variant in
       rsreg) vars=(CCFUSE_RS_TMA_STORE=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsldadd) vars=(CCFUSE_RS_TMA_ADDENDS=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
+      rsnopf) vars=(CCFUSE_RS_PREFETCH_ADDENDS=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsdirect) vars=(CCFUSE_RS_DIRECT=1 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rs) vars=("CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;  # the defaults, same call
       ag) vars=(CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;  # the default, same call
@@ -385,6 +389,8 @@ if [[ " $what " == *" tp_ab "* ]]; then
       agspread[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_US=${variant#agspread} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       agfrac[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_FRACTION=${variant#agfrac} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
+      agce) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;  # the copy engine, no peer baseline
+      agcepo) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_AG_RETURN_GATHERED=0 CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       nopdl) vars=(CCFUSE_TP_PDL=0 CCFUSE_TP_NO_PEER=1) ;;  # without PDL after the entry barrier (the default before 2026-11-30 21:10)
       base) vars=(CCFUSE_TP_NO_PEER=1) ;;  # every op at its defaults, no peer baseline: the A/B's reference
       gm[0-9]*) vars=(CCFUSE_TP_GROUP_M=${variant#gm} CCFUSE_TP_NO_PEER=1) ;;  # group_m N for every op

@@ -161,6 +161,11 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
     CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_TMA_ADDENDS '", t, "' must be 0 or 1");
     cfg.tma_addends = t == "1";
   }
+  if (const char* v = std::getenv("CCFUSE_RS_PREFETCH_ADDENDS"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_PREFETCH_ADDENDS '", t, "' must be 0 or 1");
+    cfg.prefetch_addends = t == "1";
+  }
   if (const char* v = std::getenv("CCFUSE_RS_DIRECT"); v != nullptr && *v) {
     const std::string t = v;
     CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_DIRECT '", t, "' must be 0 or 1");

@@ -45,6 +45,10 @@ struct RsEpilogue {
   static constexpr bool kTmaAddends = true;
   const void* addend_map = nullptr;
   bool tma_addends = false;
+  // GemmRsConfig::prefetch_addends: the first partial of an own-band tile is loaded while its
+  // mainloop runs, once its flag is seen (addend_ready).
+  static constexpr bool kPrefetchAddends = true;
+  bool prefetch_addends = false;
   // GemmRsConfig::direct_store (experiment): a peer band's whole tile goes by TMA straight into
   // slot `rank` of the owner's receive buffer (peer_maps: W descriptors, one per rank's buffer as
   // [W * m_local, N]) and its flag is released once the bulk writes are complete; no staging
@@ -85,6 +89,10 @@ struct RsEpilogue {
       // On a watchdog timeout: go on (garbage out); the host raises TimeoutError.
       if (!comm::wait(sig, src * tiles_per_band() + t, e, src)) return;
     }
+  }
+  __device__ bool addend_ready(const gemm::TileWork& w, int i) const {
+    const int src = (rank + 1 + i) % world;
+    return comm::test(sig, src * tiles_per_band() + tile_in_band(w), comm::current_epoch(sig));
   }
   __device__ int num_addends(const gemm::TileWork&) const { return world - 1; }
   __device__ int64_t addend_row(const gemm::TileWork& w, int i) const {
@@ -192,7 +200,10 @@ std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce, int64
   std::ostringstream os;
   const bool tma = rs_tma_store(c, n);
   os << "block=" << kBlockM << "x" << kBlockN << "x64 stages=" << (tma ? 3 : 4)
-     << " epilogue=" << (tma ? (c.tma_addends ? "tma_store+tma_addends" : "tma_store") : "registers")
+     << " epilogue="
+     << (tma ? (c.tma_addends ? (c.prefetch_addends ? "tma_store+tma_addends(prefetched)" : "tma_store+tma_addends")
+                              : "tma_store")
+             : "registers")
      << (tma && c.direct_store ? " peer_tiles=tma-direct" : "")
      << " cluster=" << c.cluster_m
      << (c.overlap_entry ? " entry=pdl" : "") << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
@@ -319,6 +330,7 @@ struct RsState {
     epi.staging = static_cast<E*>(staging);
     epi.addend_map = addend_map;
     epi.tma_addends = addend_map != nullptr;
+    epi.prefetch_addends = cfg.prefetch_addends;
     epi.peer_maps = peer_maps;
     epi.direct = peer_maps != nullptr;
     epi.m_local = m_local;

@@ -74,6 +74,12 @@ __device__ __forceinline__ bool spin_until(const DeviceSignals& sig, Ready ready
   }
 }
 
+// One look (acquire, system scope) at this rank's flag `idx`: true once it has reached `epoch`.
+__device__ __forceinline__ bool test(const DeviceSignals& sig, int idx, epoch_t epoch) {
+  cuda::atomic_ref<epoch_t, cuda::thread_scope_system> flag(sig.flags[sig.rank][idx]);
+  return epoch_reached(flag.load(cuda::memory_order_acquire), epoch);
+}
+
 // Spins (acquire, system scope) until this rank's flag `idx` reaches `epoch`. Returns false if
 // the watchdog fired (here or in another wait of this rank). One thread calls it.
 __device__ __forceinline__ bool wait(const DeviceSignals& sig, int idx, epoch_t epoch, int producer) {

@@ -853,23 +853,59 @@ struct HasTmaDirect : std::false_type {};
 template <class E>
 struct HasTmaDirect<E, std::void_t<decltype(E::kTmaDirect)>> : std::bool_constant<E::kTmaDirect> {};
 
+// kTmaAddends, consumer thread 0: loads addend i of tile w (a partial tile the peers wrote with
+// generic stores, its flags acquired) into the staging buffer, completing on ss.addend_full. The
+// caller has made sure the previous tile's stores have read the buffer.
+template <class Traits, class Epilogue, class Storage>
+__device__ __forceinline__ void issue_addend_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                                 Storage& ss, const TileWork& w, int i) {
+  using Element = typename Traits::Element;
+  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  constexpr uint32_t kBoxBytes = uint32_t(Traits::kBlockM * kSub * sizeof(Element));
+  // Boxes that start past N are not loaded (their columns are never stored; what the buffer held
+  // there is added to accumulators nobody reads).
+  const int boxes = min(kBN / kSub, int((p.n - int64_t(w.n_tile) * kBN + kSub - 1) / kSub));
+  auto* bar = reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&ss.addend_full);
+  // The peers wrote the partials with generic stores (acquired by the flag wait or test); TMA
+  // reads them through the async proxy.
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  bar->arrive_and_expect_tx(kBoxBytes * uint32_t(boxes));
+  const uint64_t map = reinterpret_cast<uint64_t>(epi.addend_map);
+  const uint32_t mbar = uint32_t(__cvta_generic_to_shared(bar));
+  const int row0 = int(epi.addend_row(w, i));
+  for (int s = 0; s < boxes; ++s) {
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(ss.c + s * (Traits::kBlockM * kSub)));
+    const int col = w.n_tile * kBN + s * kSub;
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+        "l"(map), "r"(mbar), "r"(col), "r"(row0)
+        : "memory");
+  }
+}
+
+// Epilogue::kPrefetchAddends (with kTmaAddends): addend_ready(w, i) looks once at addend i's flags
+// without waiting; while an own-band tile's mainloop runs, consumer thread 0 asks it every few
+// k-blocks and, once the first partial is there, loads it into the staging buffer (which the
+// previous tile's stores have read by then), so that the epilogue finds it in shared memory.
+template <class E, class = void>
+struct HasPrefetchAddends : std::false_type {};
+template <class E>
+struct HasPrefetchAddends<E, std::void_t<decltype(E::kPrefetchAddends)>> : std::bool_constant<E::kPrefetchAddends> {};
+
 // kTmaAddends: adds the tile's partial tiles into a consumer warpgroup's accumulators through the
 // staging buffer. For each addend consumer thread 0 waits until the previous tile's TMA stores
 // have read the buffer, then loads the partial tile into it (kBlockN / kStoreCols boxes, one
 // mbarrier); every consumer thread reads its fragment's values at the positions stage_block
 // writes them (same swizzle), adds them in fp32, and a barrier keeps the buffer until all have.
 // The caller has waited for the addends' flags (and the consumers' barrier after it).
+// With `prefetched` (consumer thread 0), addend 0 is already loading (kPrefetchAddends).
 template <class Traits, class Epilogue, class Storage, class Accum>
 __device__ __forceinline__ void add_addends_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                                 Storage& ss, Accum& accum, int consumer_idx, const TileWork& w,
-                                                uint32_t& phase) {
+                                                uint32_t& phase, bool prefetched = false) {
   using Element = typename Traits::Element;
-  constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
+  constexpr int kBN = Traits::kBlockN;
   constexpr int kThreads = 128 * Traits::kConsumerWGs;
-  constexpr uint32_t kBoxBytes = uint32_t(Traits::kBlockM * kSub * sizeof(Element));
-  // Boxes that start past N are not loaded (their columns are never stored; what the buffer held
-  // there is added to accumulators nobody reads).
-  const int boxes = min(kBN / kSub, int((p.n - int64_t(w.n_tile) * kBN + kSub - 1) / kSub));
   static_assert(Epilogue::kAct == Activation::kNone, "addends are summed before the store, without activation");
   const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
   const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;
@@ -879,23 +915,9 @@ __device__ __forceinline__ void add_addends_tma(const Params<typename Traits::El
   const char* c_bytes = reinterpret_cast<const char*>(ss.c);
   const int n_add = epi.num_addends(w);
   for (int i = 0; i < n_add; ++i) {
-    if (consumer_idx == 0) {
-      tma_store_wait<0>();  // the previous tile's stores have read the buffer
-      // The peers wrote the partials with generic stores (acquired by the caller's flag wait);
-      // TMA reads them through the async proxy.
-      if (i == 0) asm volatile("fence.proxy.async.global;" ::: "memory");
-      bar->arrive_and_expect_tx(kBoxBytes * uint32_t(boxes));
-      const uint64_t map = reinterpret_cast<uint64_t>(epi.addend_map);
-      const uint32_t mbar = uint32_t(__cvta_generic_to_shared(bar));
-      const int row0 = int(epi.addend_row(w, i));
-      for (int s = 0; s < boxes; ++s) {
-        const uint32_t dst = uint32_t(__cvta_generic_to_shared(ss.c + s * (Traits::kBlockM * kSub)));
-        const int col = w.n_tile * kBN + s * kSub;
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-            "l"(map), "r"(mbar), "r"(col), "r"(row0)
-            : "memory");
-      }
+    if (consumer_idx == 0 && !(i == 0 && prefetched)) {
+      tma_store_wait<0>();  // the previous tile's stores (or the previous addend's reads) are done with the buffer
+      issue_addend_tma<Traits>(p, epi, ss, w, i);
     }
     bar->wait(phase);
     phase ^= 1u;
@@ -1398,6 +1420,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // them before the generic proxy, and releases the count. Hand-overs stay in tile order.
     constexpr bool kDeferHandover = Traits::kTmaStore && Epilogue::kHasSendWarps;
     bool handover_pending = false;  // consumer thread 0: a TMA-stored tile not yet handed over
+    constexpr bool kPrefetch = HasPrefetchAddends<Epilogue>::value && HasTmaAddends<Epilogue>::value && Traits::kTmaStore;
+    bool addend_prefetched = false;  // consumer thread 0: the current tile's first addend is loading
+    int prefetch_kb = 0;             // consumer thread 0: k-blocks of the current mainloop released so far
+    bool prefetch_try = false;       // consumer thread 0: the current tile may prefetch
+    (void)addend_prefetched;
+    (void)prefetch_kb;
+    (void)prefetch_try;
     constexpr bool kDirect = HasTmaDirect<Epilogue>::value && Traits::kTmaStore;
     bool direct_pending = false;  // consumer thread 0: a directly stored tile (kTmaDirect) not yet complete
     TileWork direct_w{};
@@ -1434,8 +1463,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
+      if constexpr (kPrefetch) {
+        addend_prefetched = false;
+        prefetch_kb = 0;
+        prefetch_try = consumer_idx == 0 && epi.prefetch_addends && epi.tma_addends && epi.has_addends(w) &&
+                       (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end);
+      }
+      // kPrefetch: consumer thread 0 looks at the first addend's flags at k-blocks 4, 12, 20, ... of
+      // an own-band tile (by k-block 4 the previous tile's stores have long read the staging
+      // buffer) and starts its load once it is there.
+      auto release_k = [&](int s) {
+        release(s);
+        if constexpr (kPrefetch) {
+          if (prefetch_try && !addend_prefetched && (++prefetch_kb & 7) == 4) {
+            griddep_wait();  // the flags carry the call's epoch (PDL: after the entry barrier)
+            if (epi.addend_ready(w, 0)) {
+              tma_store_wait<0>();
+              issue_addend_tma<Traits>(p, epi, ss, w, 0);
+              addend_prefetched = true;
+            }
+          }
+        }
+      };
       const int prev_stage =
-          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release);
+          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release_k);
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
@@ -1456,7 +1507,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
           if constexpr (HasTmaAddends<Epilogue>::value && Traits::kTmaStore) {
             if (epi.tma_addends && (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end))
-              add_addends_tma<Traits>(p, epi, ss, accum, consumer_idx, w, addend_phase);
+              add_addends_tma<Traits>(p, epi, ss, accum, consumer_idx, w, addend_phase, kPrefetch && addend_prefetched);
             else
               add_addends<Traits>(p, epi, accum, consumer_idx, w);
           } else {

@@ -63,6 +63,10 @@ struct GemmRsConfig {
   // added from there, instead of by every consumer thread from global memory. Tool env
   // CCFUSE_RS_TMA_ADDENDS=0 for A/B.
   bool tma_addends = true;
+  // With tma_addends: an own-band tile's first partial is loaded while the tile's mainloop runs
+  // (consumer thread 0 looks at its flag every 8 k-blocks), not after it. Default since
+  // 2026-11-30 (22:00); docs/perf-notes.md. Tool env CCFUSE_RS_PREFETCH_ADDENDS=0 for A/B.
+  bool prefetch_addends = true;
   // Opt-in: with tma_store, a peer band's whole tile is stored by TMA straight into the owner's
   // receive buffer over NVLink (no staging copy, no send warps for it) and its flag released once
   // the bulk writes are complete. Measured 2026-11-30 against the default in the same call:
