@@ -357,8 +357,8 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # A/B of the fused TP ops against the defaults (the tp section): in 2-CTA clusters
   # (CCFUSE_TP_CLUSTER=2, every op), and ag_gemm over the copy engine (CCFUSE_AG_TRANSPORT), each
   # with its own serial baselines in the same rounds; then a correctness check of each variant.
-  # pdl: the GEMMs launched with programmatic dependent launch (the default since 2026-11-30 21:10; nopdl: without)
-  # after their entry barrier (CCFUSE_TP_PDL=1, every op).
+  # pdl: the GEMMs launched with programmatic dependent launch (the default since 2026-11-30 20:33, 004b4f0; nopdl: without)
+  # after their entry barrier (CCFUSE_TP_PDL=1, every op; CCFUSE_TP_PDL=0 for nopdl).
   # bn192: ag_gemm with 192-column tiles (CCFUSE_AG_BLOCK_N=192; opt-in, measured 0.97-1.04x the
   # 256 tile's time 2026-11-30). bn256: the default, explicitly.
   # rsreg: gemm_rs and gemm_ar storing their tiles from registers (CCFUSE_RS_TMA_STORE=0, v1; the
@@ -370,7 +370,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # (CCFUSE_AG_RETURN_GATHERED=0); agspreadN: the push paced over N us (agspread0: one burst);
   # agfracF: over F x one band's predicted GEMM time (the default's rule, another fraction).
   # agce / agcepo: ag_gemm over the copy engine without the peer baseline, with / without the own
-  # gather-slot copy (GPU time, 2026-11-30 21:40: traced faster than the send warps at W = 2).
+  # gather-slot copy (GPU time, 2026-11-30 20:40: traced faster than the send warps at W = 2).
   # rsnopf: gemm_rs / gemm_ar without the addend prefetch (CCFUSE_RS_PREFETCH_ADDENDS=0).
   # base: every op at its defaults (the reference for pdl / cluster2 / gmN in the same call).
   # gmN: every op with group_m N (CCFUSE_TP_GROUP_M; the tuner's is 8, the plain engine's 16 on
@@ -391,7 +391,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       agce) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;  # the copy engine, no peer baseline
       agcepo) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_AG_RETURN_GATHERED=0 CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
-      nopdl) vars=(CCFUSE_TP_PDL=0 CCFUSE_TP_NO_PEER=1) ;;  # without PDL after the entry barrier (the default before 2026-11-30 21:10)
+      nopdl) vars=(CCFUSE_TP_PDL=0 CCFUSE_TP_NO_PEER=1) ;;  # without PDL after the entry barrier (the default before 2026-11-30 20:33)
       base) vars=(CCFUSE_TP_NO_PEER=1) ;;  # every op at its defaults, no peer baseline: the A/B's reference
       gm[0-9]*) vars=(CCFUSE_TP_GROUP_M=${variant#gm} CCFUSE_TP_NO_PEER=1) ;;  # group_m N for every op
       cluster2) vars=(CCFUSE_TP_CLUSTER=2 CCFUSE_TP_NO_PEER=1) ;;

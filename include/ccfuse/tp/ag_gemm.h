@@ -54,8 +54,9 @@ struct AgGemmConfig {
   // Launch the GEMM with programmatic dependent launch after the entry barrier kernel, so that
   // its prologue and its own-band tiles overlap the barrier; the pushes and remote waits come
   // after griddepcontrol.wait. Send warps only (the copy engine's event fork sits between the two
-  // kernels). Default since 2026-11-30 (21:10): in GPU time 0.989-1.000x the time without it on
-  // every TP shape measured (docs/perf-notes.md). Tool env CCFUSE_TP_PDL=0 for A/B.
+  // kernels). Default since 2026-11-30 (20:33, 004b4f0): in GPU time 0.987-0.999x the time
+  // without it on the small TP shapes, +-1 % on the large (docs/perf-notes.md). Tool env
+  // CCFUSE_TP_PDL=0 for A/B.
   bool overlap_entry = true;
   int num_sms = 0;           // CTAs of the persistent GEMM; 0 = every SM
   // Columns per tile: 256, or 192 (TMA-store epilogue with send warps: n a multiple of 8,

@@ -51,8 +51,9 @@ struct GemmRsConfig {
   int cluster_m = 1;
   // Launch the GEMM with programmatic dependent launch after the entry barrier kernel, so that
   // its prologue and first tiles overlap the barrier; sends, addend waits and the tail come after
-  // griddepcontrol.wait. Default since 2026-11-30 (21:10): in GPU time 0.989-1.000x the time
-  // without it (docs/perf-notes.md). Tool env CCFUSE_TP_PDL=0 for A/B.
+  // griddepcontrol.wait. Default since 2026-11-30 (20:33, 004b4f0): in GPU time 0.987-0.999x the
+  // time without it on the small TP shapes, +-1 % on the large (docs/perf-notes.md). Tool env
+  // CCFUSE_TP_PDL=0 for A/B.
   bool overlap_entry = true;
   // The epilogue stores whole tiles through shared memory and TMA (3 pipeline stages; the own
   // band's tiles to C, the peers' to the staging buffer the send warps forward), as the plain
@@ -65,7 +66,8 @@ struct GemmRsConfig {
   bool tma_addends = true;
   // With tma_addends: an own-band tile's first partial is loaded while the tile's mainloop runs
   // (consumer thread 0 looks at its flag every 8 k-blocks), not after it. Default since
-  // 2026-11-30 (22:00); docs/perf-notes.md. Tool env CCFUSE_RS_PREFETCH_ADDENDS=0 for A/B.
+  // 2026-11-30 (20:48, bc44201): 0.988-0.995x the time without it on the gemm_rs/gemm_ar shapes
+  // that gain, noise elsewhere (docs/perf-notes.md). Tool env CCFUSE_RS_PREFETCH_ADDENDS=0 for A/B.
   bool prefetch_addends = true;
   // Opt-in: with tma_store, a peer band's whole tile is stored by TMA straight into the owner's
   // receive buffer over NVLink (no staging copy, no send warps for it) and its flag released once
