@@ -55,13 +55,15 @@ struct Case {
   bool tma_store = true;       // GemmRsConfig::tma_store (false: the register epilogue, v1)
   bool tma_addends = true;     // GemmRsConfig::tma_addends
   bool direct_store = false;   // GemmRsConfig::direct_store
+  bool prefetch_addends = true;  // GemmRsConfig::prefetch_addends (the default)
 };
 
 std::string case_name(const Case& c) {
   return detail::str_cat(c.all_reduce ? "ar_" : "rs_", c.m, "x", c.n, "x", c.k, "_", gemm::b_layout_name(c.layout), "_",
                          dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "",
                          c.overlap_entry ? "_pdl" : "", c.tma_store ? "" : "_regs",
-                         c.tma_store && !c.tma_addends ? "_ldaddends" : "", c.direct_store ? "_direct" : "");
+                         c.tma_store && !c.tma_addends ? "_ldaddends" : "", c.direct_store ? "_direct" : "",
+                         c.prefetch_addends ? "" : "_nopf");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -106,6 +108,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     cfg.tma_store = cs.tma_store;
     cfg.tma_addends = cs.tma_addends;
     cfg.direct_store = cs.direct_store;
+    cfg.prefetch_addends = cs.prefetch_addends;
     if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
     else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
@@ -222,6 +225,10 @@ std::vector<Case> cases() {
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, false, true, true, true});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, true});
     v.push_back({512, 520, 776, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, true});  // + PDL
+    // The cases above load an own-band tile's first partial during its mainloop once its flag is
+    // set (prefetch_addends, the default since 2026-11-30); here only after the mainloop, as before.
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, false});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, false, false});
   }
   return v;
 }
