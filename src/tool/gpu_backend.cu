@@ -161,6 +161,13 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
     CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_TMA_ADDENDS '", t, "' must be 0 or 1");
     cfg.tma_addends = t == "1";
   }
+  if (const char* v = std::getenv("CCFUSE_RS_FORWARD_SPREAD_US"); v != nullptr && *v) {
+    char* end = nullptr;
+    const long us = std::strtol(v, &end, 10);
+    CCFUSE_ARG_CHECK(end != v && *end == 0 && us >= 0 && us <= 10000, "CCFUSE_RS_FORWARD_SPREAD_US '", v,
+                     "' must be a number of microseconds in [0, 10000]");
+    cfg.forward_spread_us = int(us);
+  }
   if (const char* v = std::getenv("CCFUSE_RS_PREFETCH_ADDENDS"); v != nullptr && *v) {
     const std::string t = v;
     CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_PREFETCH_ADDENDS '", t, "' must be 0 or 1");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ccfuse/comm/signals.cuh"
+#include "ccfuse/common/pace.cuh"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "src/tp/banded_tiles.cuh"
@@ -64,6 +65,7 @@ struct RsEpilogue {
   int64_t m_local = 0, n = 0, ldc = 0;
   int rank = 0, world = 1, m_tiles_per_band = 1, n_tiles = 1;
   bool copy_tail = true;  // GemmAr: C is not the symmetric output, copy the peers' bands into it
+  uint64_t forward_spread_ns = 0;  // GemmRsConfig::forward_spread_us (0: unpaced)
   comm::DeviceSignals sig{};
   gemm::TileTrace* trace = nullptr;  // diagnostics (set_trace), null = off
   int trace_slots = 0;
@@ -142,8 +144,22 @@ struct RsEpilogue {
     const int band = band_of(w);
     const int64_t col0 = int64_t(w.n_tile) * kBlockN;
     if (band != rank) {  // partial -> slot `rank` of the owner's receive buffer
-      copy_tile(staging + w.row0 * n + col0, n, recv[band] + (rank * m_local + row_in_band(w)) * n + col0, n,
-                tile_rows(w), tile_cols(w), tid, num_threads);
+      const Element* from = staging + w.row0 * n + col0;
+      Element* to = recv[band] + (rank * m_local + row_in_band(w)) * n + col0;
+      const int64_t rows = tile_rows(w), cols = tile_cols(w);
+      if (forward_spread_ns == 0) {
+        copy_tile(from, n, to, n, rows, cols, tid, num_threads);
+        return;
+      }
+      // Paced (GemmRsConfig::forward_spread_us): slice s of kSlices not before t0 + s / kSlices
+      // of the spread.
+      constexpr int kSlices = 8;
+      const int64_t step = (rows + kSlices - 1) / kSlices;
+      const uint64_t t0 = pace_start(forward_spread_ns);
+      for (int s = 0; s < kSlices && s * step < rows; ++s) {
+        pace_until(t0, forward_spread_ns, s, kSlices);
+        copy_tile(from + s * step * n, n, to + s * step * n, n, min_i64(step, rows - s * step), cols, tid, num_threads);
+      }
     } else {  // GemmAr: reduced tile -> every peer's output
       for (int i = 1; i < world; ++i)
         copy_tile(c + w.row0 * ldc + col0, ldc, agout[(rank + i) % world] + w.row0 * n + col0, n, tile_rows(w),
@@ -205,6 +221,7 @@ std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce, int64
                               : "tma_store")
              : "registers")
      << (tma && c.direct_store ? " peer_tiles=tma-direct" : "")
+     << (c.forward_spread_us > 0 ? " forward_spread=" + std::to_string(c.forward_spread_us) + "us" : "")
      << " cluster=" << c.cluster_m
      << (c.overlap_entry ? " entry=pdl" : "") << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
@@ -242,6 +259,8 @@ struct RsState {
     CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, op, ": dtype must be bf16 or fp16, not ",
                      dtype_name(d.dtype));
     CCFUSE_ARG_CHECK(cfg.group_m >= 1, op, ": group_m ", cfg.group_m, " must be at least 1");
+    CCFUSE_ARG_CHECK(cfg.forward_spread_us >= 0 && cfg.forward_spread_us <= 10000, op, ": forward_spread_us ",
+                     cfg.forward_spread_us, " must be in [0, 10000] microseconds");
     CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, op, ": cluster_m ", cfg.cluster_m, " must be 1 or 2");
     gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
@@ -331,6 +350,7 @@ struct RsState {
     epi.addend_map = addend_map;
     epi.tma_addends = addend_map != nullptr;
     epi.prefetch_addends = cfg.prefetch_addends;
+    epi.forward_spread_ns = uint64_t(cfg.forward_spread_us) * 1000u;
     epi.peer_maps = peer_maps;
     epi.direct = peer_maps != nullptr;
     epi.m_local = m_local;

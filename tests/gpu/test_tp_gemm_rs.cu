@@ -56,6 +56,7 @@ struct Case {
   bool tma_addends = true;     // GemmRsConfig::tma_addends
   bool direct_store = false;   // GemmRsConfig::direct_store
   bool prefetch_addends = true;  // GemmRsConfig::prefetch_addends (the default)
+  int forward_spread_us = 0;     // GemmRsConfig::forward_spread_us (experiment)
 };
 
 std::string case_name(const Case& c) {
@@ -63,7 +64,8 @@ std::string case_name(const Case& c) {
                          dtype_name(c.dtype), c.cluster_m != 1 ? detail::str_cat("_cluster", c.cluster_m) : "",
                          c.overlap_entry ? "_pdl" : "", c.tma_store ? "" : "_regs",
                          c.tma_store && !c.tma_addends ? "_ldaddends" : "", c.direct_store ? "_direct" : "",
-                         c.prefetch_addends ? "" : "_nopf");
+                         c.prefetch_addends ? "" : "_nopf",
+                         c.forward_spread_us > 0 ? detail::str_cat("_fwdspread", c.forward_spread_us) : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -109,6 +111,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     cfg.tma_addends = cs.tma_addends;
     cfg.direct_store = cs.direct_store;
     cfg.prefetch_addends = cs.prefetch_addends;
+    cfg.forward_spread_us = cs.forward_spread_us;
     if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
     else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
@@ -229,6 +232,9 @@ std::vector<Case> cases() {
     // set (prefetch_addends, the default since 2026-11-30); here only after the mainloop, as before.
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, false});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, false, false});
+    // Partials forwarded in paced slices (forward_spread_us, experiment): whole and cut tiles.
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, 20});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, false, true, false, true, 20});
   }
   return v;
 }
@@ -279,6 +285,9 @@ TEST(FusedGemmReduceValidation, NamesTheArgumentAndTheRule) {
     cfg.cluster_m = 2;
     expect_invalid([&] { GemmRs op(team, d, cfg); },
                    "gemm_rs: cluster_m 2 needs an even number of 128-row tiles per band (m / world_size = 384 gives 3)");
+    cfg.cluster_m = 1;
+    cfg.forward_spread_us = -5;
+    expect_invalid([&] { GemmAr op(team, d, cfg); }, "gemm_ar: forward_spread_us -5 must be in [0, 10000] microseconds");
     GemmRs op(team, d);
     void* buf = nullptr;
     CCFUSE_CUDA_CHECK(cudaMalloc(&buf, size_t(d.m * d.k + d.n * d.k) * 2));
