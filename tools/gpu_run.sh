@@ -632,7 +632,8 @@ if [[ " $what " == *" trace "* ]]; then
     prefix="$OUT/trace_$1_$2x$3x$4_w$5${CCFUSE_AG_TRANSPORT:+_$CCFUSE_AG_TRANSPORT}"
     CCFUSE_TILE_TRACE="$prefix" timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --world-size $5 --dtype bf16 \
       --iters 5 --warmup 2 >> "$OUT/tile_trace.log" 2>&1 || status=1
-    python3 tools/tile_trace.py "$prefix".rank*.csv | tee -a "$OUT/tile_trace.log"
+    # CCFUSE_TRACE_BINS=US: also the tiles by start time (tools/tile_trace.py --bins).
+    python3 tools/tile_trace.py ${CCFUSE_TRACE_BINS:+--bins $CCFUSE_TRACE_BINS} "$prefix".rank*.csv | tee -a "$OUT/tile_trace.log"
   done
   summary+=("tile traces: tile_trace.log")
 fi

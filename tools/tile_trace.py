@@ -2,7 +2,7 @@
 """Summarises per-tile GEMM traces (CCFUSE_TILE_TRACE=PREFIX ccfuse bench ... writes
 PREFIX.rank<r>.csv; see gemm::TileTrace in include/ccfuse/gemm/gemm.h).
 
-    python3 tools/tile_trace.py [--band-tiles N] PREFIX.rank0.csv [PREFIX.rank1.csv ...]
+    python3 tools/tile_trace.py [--band-tiles N] [--bins US] PREFIX.rank0.csv [PREFIX.rank1.csv ...]
 
 Per rank: the kernel span (first tile start to last tile stored, over all CTAs), and per CTA on
 average the time in each phase of its tiles: mainloop (start -> mma_done: TMA waits, ready
@@ -12,7 +12,8 @@ the gaps (span minus the three). With PREFIX.rank<r>.stamps beside a CSV (global
 stamps around the op and around the engine's GEMM, written by the same bench): the op's and the
 engine's times in that clock, and the last run's time before its first tile and after its last. With --band-tiles N (128-row tiles per rank's band, M / W / 128),
 also the median mainloop of the rank's own-band tiles against the other bands' tiles, and of the
-first wave (one tile per CTA) of the other bands: a wait for remote rows would show there.
+first wave (one tile per CTA) of the other bands: a wait for remote rows would show there. With
+--bins US, the tiles grouped by start time: which waves run slow (e.g. while partials are forwarded).
 Standard library only."""
 import csv
 import os
@@ -60,10 +61,34 @@ def bands(rows, band_tiles):
     return ml(own), ml(other), ml(other[:ctas]), len(own), len(other)
 
 
+def by_start(rows, bin_us, band_tiles=0):
+    """Tiles grouped by start time (bins of bin_us from the first start): per bin the tile count,
+    the own-band count (with band_tiles), and the mean mainloop, addends and store in us."""
+    if not rows:
+        return []
+    t0 = min(r["start_ns"] for r in rows)
+    bins = defaultdict(list)
+    for r in rows:
+        bins[int((r["start_ns"] - t0) // (bin_us * 1000))].append(r)
+    out = []
+    for b in sorted(bins):
+        rs = bins[b]
+        n = len(rs)
+        mean = lambda a, z: sum(r[z] - r[a] for r in rs) / n / 1e3
+        own = sum(1 for r in rs if band_tiles > 0 and r["m_tile"] // band_tiles == r["rank"])
+        out.append({"start_us": b * bin_us, "tiles": n, "own": own, "mainloop_us": mean("start_ns", "mma_done_ns"),
+                    "addends_us": mean("mma_done_ns", "addends_ready_ns"), "store_us": mean("addends_ready_ns", "stored_ns")})
+    return out
+
+
 def main(args):
     band_tiles = 0
-    if len(args) >= 2 and args[0] == "--band-tiles":
-        band_tiles = int(args[1])
+    bin_us = 0.0
+    while len(args) >= 2 and args[0] in ("--band-tiles", "--bins"):
+        if args[0] == "--band-tiles":
+            band_tiles = int(args[1])
+        else:
+            bin_us = float(args[1])
         args = args[2:]
     paths = args
     if not paths:
@@ -92,6 +117,11 @@ def main(args):
                   f"engine GEMM {statistics.median(engine):.1f} us (runs {', '.join(f'{v:.1f}' for v in engine)})")
             print(f"  last run: before the first tile {(t0 - last['fused_begin_ns']) / 1e3:.1f} us, tiles "
                   f"{(t1 - t0) / 1e3:.1f} us, after the last tile {(last['fused_end_ns'] - t1) / 1e3:.1f} us")
+        if bin_us > 0:
+            print(f"  by start time (bins of {bin_us:g} us): start, tiles, own-band tiles, mean mainloop / addends / store (us)")
+            for b in by_start(rows, bin_us, band_tiles):
+                print(f"    {b['start_us']:7.0f} {b['tiles']:5d} {b['own']:5d}   {b['mainloop_us']:6.1f} {b['addends_us']:6.1f} "
+                      f"{b['store_us']:6.1f}")
         if band_tiles > 0:
             own, other, first, n_own, n_other = bands(rows, band_tiles)
             print(f"  mainloop median: own band {own:.1f} us ({n_own} tiles), other bands {other:.1f} us "
