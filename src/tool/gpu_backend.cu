@@ -149,6 +149,7 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
   cfg.group_m = group_m_override(c.group_m);
   cfg.cluster_m = cluster_override();
   cfg.overlap_entry = pdl_override(cfg.overlap_entry);
+  cfg.forward_spread_us = c.forward_spread_us;  // the tuner's (tp::rs_forward_spread_us), unless overridden below
   // A/B runs (tools/gpu_run.sh tp_ab, variant rsreg): CCFUSE_RS_TMA_STORE=0 stores gemm_rs /
   // gemm_ar tiles from registers (v1) instead of through TMA.
   if (const char* v = std::getenv("CCFUSE_RS_TMA_STORE"); v != nullptr && *v) {

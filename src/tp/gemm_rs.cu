@@ -9,6 +9,7 @@
 #include "ccfuse/common/pace.cuh"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
+#include "ccfuse/tp/tuner.h"
 #include "src/tp/banded_tiles.cuh"
 #include "src/tp/tile_copy.cuh"
 
@@ -259,8 +260,8 @@ struct RsState {
     CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, op, ": dtype must be bf16 or fp16, not ",
                      dtype_name(d.dtype));
     CCFUSE_ARG_CHECK(cfg.group_m >= 1, op, ": group_m ", cfg.group_m, " must be at least 1");
-    CCFUSE_ARG_CHECK(cfg.forward_spread_us >= 0 && cfg.forward_spread_us <= 10000, op, ": forward_spread_us ",
-                     cfg.forward_spread_us, " must be in [0, 10000] microseconds");
+    CCFUSE_ARG_CHECK(cfg.forward_spread_us >= -1 && cfg.forward_spread_us <= 10000, op, ": forward_spread_us ",
+                     cfg.forward_spread_us, " must be -1 (auto) or in [0, 10000] microseconds");
     CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, op, ": cluster_m ", cfg.cluster_m, " must be 1 or 2");
     gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{kBlockM, kBlockN, 64, 4, 0});
     m_local = d.m / w;
@@ -268,6 +269,9 @@ struct RsState {
     CCFUSE_ARG_CHECK(cfg.cluster_m != 2 || m_tiles_per_band % 2 == 0, op, ": cluster_m 2 needs an even number of ",
                      "128-row tiles per band (m / world_size = ", m_local, " gives ", m_tiles_per_band, ")");
     n_tiles = int(ceil_div(d.n, kBlockN));
+    if (cfg.forward_spread_us < 0)  // auto: tp::rs_forward_spread_us (paced where the GEMM has >= 3 waves)
+      cfg.forward_spread_us =
+          rs_forward_spread_us(w, d.m, d.n, cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms());
     const int64_t tpb = int64_t(m_tiles_per_band) * n_tiles;
     CCFUSE_ARG_CHECK(tpb * w * (ar ? 2 : 1) < int64_t(1) << 30, op, ": too many tiles (", tpb * w, ")");
     recv = team.alloc_symmetric(size_t(d.m * d.n) * 2);

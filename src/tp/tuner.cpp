@@ -157,6 +157,7 @@ TpChoice choice_from(const TpProblem& p, const Candidate& c, int pieces, int gro
     out.push_spread_us = ag_push_spread_us(p);
     out.block_n = ag_block_n(p.m, p.n, gemm_ctas);
   }
+  if (p.op != "ag_gemm") out.forward_spread_us = rs_forward_spread_us(p.world_size, p.m, p.n, gemm_ctas);
   out.predicted_gemm_ms = c.gemm_ms;
   out.predicted_comm_ms = c.comm_ms;
   out.predicted_fused_ms = c.fused_ms;
@@ -359,6 +360,14 @@ int ag_block_n(int64_t m, int64_t n, int num_sms) {
   return cost(192) < 0.95 * cost(kBlockN) ? 192 : kBlockN;
 }
 
+int rs_forward_spread_us(int world_size, int64_t m, int64_t n, int num_sms) {
+  CCFUSE_ARG_CHECK(world_size > 0 && m > 0 && n > 0 && num_sms > 0, "rs_forward_spread_us: world_size ", world_size,
+                   ", m ", m, ", n ", n, " and num_sms ", num_sms, " must be positive");
+  if (world_size == 1) return 0;
+  const double waves = double(ceil_div(m, kBlockM) * ceil_div(n, kBlockN)) / double(num_sms);
+  return waves >= TpModelConstants::kRsForwardSpreadMinWaves ? TpModelConstants::kRsForwardSpreadUs : 0;
+}
+
 // ---- the choice ------------------------------------------------------------------------------
 
 TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
@@ -421,6 +430,7 @@ std::string to_string(const TpChoice& c) {
                  c.block_k, " chunk_rows=", c.chunk_rows, " pieces_per_chunk=", c.pieces_per_chunk,
                  " group_m=", c.group_m,
                  c.push_spread_us > 0 ? str_cat(" push_spread_us=", c.push_spread_us) : std::string(),
+                 c.forward_spread_us > 0 ? str_cat(" forward_spread_us=", c.forward_spread_us) : std::string(),
                  " predicted_ms=", ms(c.predicted_fused_ms), " source=", c.source);
 }
 

@@ -56,7 +56,7 @@ struct Case {
   bool tma_addends = true;     // GemmRsConfig::tma_addends
   bool direct_store = false;   // GemmRsConfig::direct_store
   bool prefetch_addends = true;  // GemmRsConfig::prefetch_addends (the default)
-  int forward_spread_us = 0;     // GemmRsConfig::forward_spread_us (experiment)
+  int forward_spread_us = 0;     // GemmRsConfig::forward_spread_us (0: unpaced; -1: auto, the default)
 };
 
 std::string case_name(const Case& c) {
@@ -65,7 +65,8 @@ std::string case_name(const Case& c) {
                          c.overlap_entry ? "_pdl" : "", c.tma_store ? "" : "_regs",
                          c.tma_store && !c.tma_addends ? "_ldaddends" : "", c.direct_store ? "_direct" : "",
                          c.prefetch_addends ? "" : "_nopf",
-                         c.forward_spread_us > 0 ? detail::str_cat("_fwdspread", c.forward_spread_us) : "");
+                         c.forward_spread_us > 0 ? detail::str_cat("_fwdspread", c.forward_spread_us)
+                                                 : c.forward_spread_us < 0 ? "_fwdauto" : "");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -232,9 +233,11 @@ std::vector<Case> cases() {
     // set (prefetch_addends, the default since 2026-11-30); here only after the mainloop, as before.
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, false});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, false, false});
-    // Partials forwarded in paced slices (forward_spread_us, experiment): whole and cut tiles.
+    // Partials forwarded in paced slices (forward_spread_us): whole and cut tiles; and the default
+    // (auto), which paces a GEMM of >= 3 waves of tiles (8192x4096: 7.8 waves on 132 SMs).
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, 20});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, false, true, false, true, 20});
+    v.push_back({8192, 4096, 1024, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, -1});
   }
   return v;
 }
@@ -287,7 +290,7 @@ TEST(FusedGemmReduceValidation, NamesTheArgumentAndTheRule) {
                    "gemm_rs: cluster_m 2 needs an even number of 128-row tiles per band (m / world_size = 384 gives 3)");
     cfg.cluster_m = 1;
     cfg.forward_spread_us = -5;
-    expect_invalid([&] { GemmAr op(team, d, cfg); }, "gemm_ar: forward_spread_us -5 must be in [0, 10000] microseconds");
+    expect_invalid([&] { GemmAr op(team, d, cfg); }, "gemm_ar: forward_spread_us -5 must be -1 (auto) or in [0, 10000] microseconds");
     GemmRs op(team, d);
     void* buf = nullptr;
     CCFUSE_CUDA_CHECK(cudaMalloc(&buf, size_t(d.m * d.k + d.n * d.k) * 2));

@@ -74,13 +74,14 @@ struct GemmRsConfig {
   // the bulk writes are complete. Measured 2026-11-30 against the default in the same call:
   // 0.98-1.02x its time on the 8 gemm_rs/gemm_ar shapes, no gain. Tool env CCFUSE_RS_DIRECT=1.
   bool direct_store = false;
-  // EXPERIMENT (opt-in, written 2026-11-30 21:20, not yet run on GPUs): the send warps forward a
-  // peer band's partial tile in 8 slices of rows paced over this many microseconds (0 = as fast
-  // as they can), as ag_gemm paces its push: tile traces showed the peer band's waves whose
-  // partials are forwarded beside the mainloop run it 20-35 % slower (docs/perf-notes.md).
-  // GemmAr's all-gather of reduced tiles is never paced (it is the op's tail). Tool env
-  // CCFUSE_RS_FORWARD_SPREAD_US=N, tp_ab variants rsspreadN.
-  int forward_spread_us = 0;
+  // The send warps forward a peer band's partial tile in 8 slices of rows paced over this many
+  // microseconds (0 = as fast as they can), as ag_gemm paces its push: tile traces showed the peer
+  // band's waves whose partials are forwarded in a burst beside the mainloop run it 20-35 % slower.
+  // -1 (the default since 2026-11-30 23:00): tp::rs_forward_spread_us, 20 us where the GEMM has at
+  // least 3 waves of tiles, else 0; measured 0.951x the unpaced time on 8192x4096x6144 and 0.962x
+  // on 4096x4096x14336 (docs/perf-notes.md). GemmAr's all-gather of reduced tiles is never paced
+  // (it is the op's tail). Tool env CCFUSE_RS_FORWARD_SPREAD_US=N, tp_ab variants rsspreadN.
+  int forward_spread_us = -1;
 };
 
 // "block=128x256x64 stages=3 epilogue=tma_store cluster=1 sms=132 group_m=8 bands=staggered(own

@@ -40,6 +40,7 @@ struct TpChoice {
   int pieces_per_chunk = 1;   // flags (and pushes) per chunk (ag_gemm); 1 for gemm_rs/gemm_ar (a flag per tile)
   int group_m = 8;
   int push_spread_us = 0;     // ag_gemm over send warps: the push paced over this many us (0: burst)
+  int forward_spread_us = 0;  // gemm_rs/gemm_ar: peer partials forwarded paced over this many us (0: burst)
   double predicted_gemm_ms = 0, predicted_comm_ms = 0, predicted_fused_ms = 0;
   std::string source;  // "model" or "table:<file>:<line>"
   std::string why;     // the alternatives considered, their predicted times, and why this one
@@ -119,6 +120,11 @@ struct TpModelConstants {
   // ag_gemm's push pacing: the push of A_r spread over this fraction of one band's GEMM time
   // (docs/perf-notes.md, "ag_gemm push pacing").
   static constexpr double kAgPushSpreadFraction = 0.8;
+  // gemm_rs/gemm_ar: the send warps' forwarding of peer partials paced over this many us where the
+  // per-rank GEMM has at least kRsForwardSpreadMinWaves waves of 128x256 tiles (docs/perf-notes.md,
+  // "gemm_rs forward pacing"; measured 2026-11-30: 10, 20 and 30 us equally good).
+  static constexpr int kRsForwardSpreadUs = 20;
+  static constexpr double kRsForwardSpreadMinWaves = 3.0;
 };
 
 // ag_gemm over send warps: microseconds over which to pace the push of A_r (AgGemmConfig::
@@ -136,5 +142,13 @@ int ag_push_spread_us(const TpProblem& problem, double band_fraction = TpModelCo
 // 2026-11-30: 1024x14336x8192 1.108 -> 1.060x the engine's GEMM time; on 4096x7168x4096 and
 // 8192x3072x4096, which this rule leaves at 256, 192 was 4-8 % slower.
 int ag_block_n(int64_t m, int64_t n, int num_sms);
+
+// gemm_rs/gemm_ar: microseconds over which the send warps pace the forwarding of each peer partial
+// tile (GemmRsConfig::forward_spread_us = -1). kRsForwardSpreadUs where the [m, n] GEMM has at
+// least kRsForwardSpreadMinWaves waves of 128x256 tiles on num_sms CTAs and world_size > 1, else 0
+// (as fast as the warps can). Measured 2026-11-30 on 2x H200: 8192x4096x6144 (7.8 waves) 0.951x and
+// 4096x4096x14336 (3.9) 0.962x the unpaced time; 1024x8192x28672 (1.9 waves) 1.01-1.02x, hence
+// the floor; the 15-31-wave shapes within noise.
+int rs_forward_spread_us(int world_size, int64_t m, int64_t n, int num_sms);
 
 }  // namespace ccfuse::tp

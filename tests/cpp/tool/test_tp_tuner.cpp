@@ -115,7 +115,7 @@ TEST(TpTuner, ModelValuesOfAGemmBoundGemmRs) {
   EXPECT_NEAR(c.predicted_fused_ms, 2.893452 + 0.0028836 + 0.00246 + 0.010, 1e-6);
   EXPECT_EQ(to_string(c),
             "transport=sm-send-warps n_c=0 block=128x256x64 chunk_rows=128 pieces_per_chunk=1 group_m=8 "
-            "predicted_ms=2.909 source=model");
+            "forward_spread_us=20 predicted_ms=2.909 source=model");
   EXPECT_EQ(c.why,
             "sm-send-warps predicts 2.909 ms (gemm 2.893 on 132 SMs, comm 0.1838, GEMM-bound): the only built "
             "transport. Not built: sm-comm-ctas n_c=8 3.095 ms; sm-comm-ctas n_c=16 3.308 ms; copy-engine 2.909 ms.");
@@ -303,6 +303,33 @@ TEST(TpTuner, AgBlockNIs192OnlyWhereItsWavesCostFivePercentLess) {
   }
 }
 
+TEST(TpTuner, RsForwardSpreadOnlyFromThreeWavesOfTiles) {
+  const int us = TpModelConstants::kRsForwardSpreadUs;
+  // 8192x4096: 64 x 16 = 1024 tiles of 128x256, 7.8 waves on 132 CTAs.
+  EXPECT_EQ(rs_forward_spread_us(2, 8192, 4096, 132), us);
+  // 4096x4096: 512 tiles, 3.9 waves; 1024x8192: 256 tiles, 1.9 waves.
+  EXPECT_EQ(rs_forward_spread_us(2, 4096, 4096, 132), us);
+  EXPECT_EQ(rs_forward_spread_us(2, 1024, 8192, 132), 0);
+  // The floor: 396 tiles are 3.0 waves on 132 CTAs, 395 are not; a cut last tile counts.
+  EXPECT_EQ(rs_forward_spread_us(2, 128 * 396, 256, 132), us);
+  EXPECT_EQ(rs_forward_spread_us(2, 128 * 395, 256, 132), 0);
+  EXPECT_EQ(rs_forward_spread_us(2, 128 * 395, 257, 132), us);
+  // Fewer CTAs, more waves; one rank forwards nothing.
+  EXPECT_EQ(rs_forward_spread_us(2, 1024, 8192, 64), us);
+  EXPECT_EQ(rs_forward_spread_us(1, 8192, 4096, 132), 0);
+  // The tuner reports it for gemm_rs and gemm_ar, never for ag_gemm.
+  EXPECT_EQ(choose_tp_config(problem("gemm_rs", 2, 8192, 4096, 6144), kEmpty).forward_spread_us, us);
+  EXPECT_EQ(choose_tp_config(problem("gemm_ar", 2, 4096, 4096, 14336), kEmpty).forward_spread_us, us);
+  EXPECT_EQ(choose_tp_config(problem("gemm_rs", 2, 1024, 8192, 28672), kEmpty).forward_spread_us, 0);
+  EXPECT_EQ(choose_tp_config(problem("ag_gemm", 2, 8192, 4096, 6144), kEmpty).forward_spread_us, 0);
+  try {
+    rs_forward_spread_us(2, 0, 4096, 132);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "rs_forward_spread_us: world_size 2, m 0, n 4096 and num_sms 132 must be positive");
+  }
+}
+
 TEST(TpTuner, TableRowOverridesTheModelOnAnExactMatchOnly) {
   const TempFile f("override.tsv", std::string(kHeader) +
                                        "gemm_rs\t2\t8192\t8192\t14336\t132\tsm-send-warps\t0\t0\t8\t3.0278\tres.jsonl\n"
@@ -322,7 +349,7 @@ TEST(TpTuner, TableRowOverridesTheModelOnAnExactMatchOnly) {
             "problem (res.jsonl); the model alone predicts 2.909 ms (gemm 2.893, comm 0.1838).");
   EXPECT_EQ(to_string(c),
             "transport=sm-send-warps n_c=0 block=128x256x64 chunk_rows=128 pieces_per_chunk=1 group_m=8 "
-            "predicted_ms=3.028 source=table:ccfuse_tuner_override.tsv:2");
+            "forward_spread_us=20 predicted_ms=3.028 source=table:ccfuse_tuner_override.tsv:2");
 
   // The row's knobs are taken.
   const TpChoice a = choose_tp_config(problem("ag_gemm", 2, 8192, 4096, 4096), t);
@@ -441,7 +468,7 @@ TEST(TpTuner, PrintConfigShowsTheTunerChoice) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(line_starting(r.out, "tp_config="),
             "tp_config=transport=sm-send-warps n_c=0 block=128x256x64 chunk_rows=128 pieces_per_chunk=1 group_m=8 "
-            "predicted_ms=2.826 source=table:tp_tuned.tsv:14");
+            "forward_spread_us=20 predicted_ms=2.826 source=table:tp_tuned.tsv:14");
   EXPECT_EQ(line_starting(r.out, "tp_why="),
             "tp_why=sm-send-warps from the tuned table (tp_tuned.tsv line 14): measured 2.826 ms on this exact problem "
             "(bench/results/2026-11-30-h200x2-tp-v3.7-bc44201.jsonl); the model alone predicts 2.909 ms (gemm 2.893, comm "
