@@ -372,6 +372,8 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # agce / agcepo: ag_gemm over the copy engine without the peer baseline, with / without the own
   # gather-slot copy (GPU time, 2026-11-30 20:40: traced faster than the send warps at W = 2).
   # rsnopf: gemm_rs / gemm_ar without the addend prefetch (CCFUSE_RS_PREFETCH_ADDENDS=0).
+  # rslate: gemm_rs / gemm_ar handing a TMA-stored tile to the send warps after the next mainloop
+  # (CCFUSE_RS_EARLY_HANDOVER=0; the default before 2026-11-30 23:20), not 4 k-blocks into it.
   # rsspreadN (EXPERIMENT, written 2026-11-30 21:20): gemm_rs's partials forwarded in 8 slices paced
   # over N us (CCFUSE_RS_FORWARD_SPREAD_US; e.g. "rs rsspread10 rsspread20 rsspread30").
   # base: every op at its defaults (the reference for pdl / cluster2 / gmN in the same call).
@@ -384,6 +386,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
       rsreg) vars=(CCFUSE_RS_TMA_STORE=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsldadd) vars=(CCFUSE_RS_TMA_ADDENDS=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsspread[0-9]*) vars=(CCFUSE_RS_FORWARD_SPREAD_US=${variant#rsspread} "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
+      rslate) vars=(CCFUSE_RS_EARLY_HANDOVER=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsnopf) vars=(CCFUSE_RS_PREFETCH_ADDENDS=0 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rsdirect) vars=(CCFUSE_RS_DIRECT=1 "CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;
       rs) vars=("CCFUSE_TP_ONLY=gemm_rs gemm_ar" CCFUSE_TP_NO_PEER=1); check_op=gemm_rs ;;  # the defaults, same call

@@ -9,11 +9,14 @@ Usage:
 
 One table row per record: op, W, M, N, K, ccfuse fused, serial NCCL+cuBLAS, PyTorch async-TP
 (t_peer), async-TP at this run's clocks (t_peer_scaled: t_peer / its own torch.mm time * this run's
-cuBLAS time, tools/merge_tp_peer.py; the peer runs in another process, at other clocks), t_limit
-(all ms), fused/limit, speedup = t_serial/t_fused, overlap efficiency =
+cuBLAS time, tools/merge_tp_peer.py; the peer runs in another process, at other clocks), ccfuse /
+async-TP in one process (t_ccfuse_inproc_ms / t_peer_ms: tools/torch_async_tp_bench.py --ccfuse-lib
+times both in the same rounds on the same tensors), t_limit (all ms), fused/limit, speedup = t_serial/t_fused, overlap efficiency =
 (t_serial - t_fused)/(t_serial - t_limit) (only when t_serial > t_limit), and a verdict. A time
 that is null, missing or negative was not measured and prints "-". Verdict rules:
-  ag_gemm, gemm_rs: fused < serial; fused < async-TP (raw t_peer, when measured); overlap >= 0.8; and, when
+  ag_gemm, gemm_rs: fused < serial; faster than async-TP (in one process when the record has
+                    t_ccfuse_inproc_ms, "(1 proc)" in the verdict; else the raw t_peer, when
+                    measured: two processes at two clock states); overlap >= 0.8; and, when
                     M >= 8192 and K >= 4096 (the record's k as is), fused/limit <= 1.05.
   gemm_ar:          fused < serial; when K >= 4096, overlap >= 0.7.
 A rule that cannot be checked (e.g. no t_limit) counts as missed ("... n/a"). Records without
@@ -26,7 +29,8 @@ import math
 import sys
 
 COLUMNS = ["op", "W", "M", "N", "K", "ccfuse fused (ms)", "serial NCCL+cuBLAS (ms)",
-           "PyTorch async-TP (ms)", "async-TP at this run's clocks (ms)", "t_limit (ms)", "fused/limit", "speedup vs serial",
+           "PyTorch async-TP (ms)", "async-TP at this run's clocks (ms)", "ccfuse / async-TP, one process",
+           "t_limit (ms)", "fused/limit", "speedup vs serial",
            "overlap efficiency", "verdict"]
 
 
@@ -55,7 +59,7 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def verdict(op, m, k, fused, serial, peer, over, overlap):
+def verdict(op, m, k, fused, serial, peer, over, overlap, inproc=None):
     if fused is None:
         return "no fused op"
     if op not in ("ag_gemm", "gemm_rs", "gemm_ar"):
@@ -70,7 +74,10 @@ def verdict(op, m, k, fused, serial, peer, over, overlap):
         if big_k and (overlap is None or overlap < 0.7):
             miss.append("overlap n/a" if overlap is None else "overlap<0.7")
     else:
-        if peer is not None and not fused < peer:
+        if inproc is not None:  # ours / async-TP timed in the same rounds of one process
+            if not inproc < 1.0:
+                miss.append(">=async-TP (1 proc)")
+        elif peer is not None and not fused < peer:
             miss.append(">=async-TP")
         if overlap is None or overlap < 0.8:
             miss.append("overlap n/a" if overlap is None else "overlap<0.8")
@@ -88,13 +95,14 @@ def compute(rec):
     if fused is not None and serial is not None and limit is not None and serial > limit:
         overlap = (serial - fused) / (serial - limit)
     over, speedup = ratio(fused, limit), ratio(serial, fused)
+    inproc = ratio(num(rec.get("t_ccfuse_inproc_ms")), peer)
     return {"op": op, "W": rec.get("world_size"), "M": m, "N": rec.get("n"), "K": k,
             "t_fused_ms": fused, "t_serial_ms": serial, "t_peer_ms": peer,
-            "t_peer_scaled_ms": num(rec.get("t_peer_scaled_ms")), "t_limit_ms": limit,
+            "t_peer_scaled_ms": num(rec.get("t_peer_scaled_ms")), "inproc_over_peer": inproc, "t_limit_ms": limit,
             "fused_over_limit": over, "speedup": speedup, "overlap_eff": overlap,
             # The CPU reference world's times are thread wall-clock, not GPU performance.
             "verdict": ("cpu reference world: not judged" if rec.get("backend") == "cpu"
-                        else verdict(op, m, k, fused, serial, peer, over, overlap))}
+                        else verdict(op, m, k, fused, serial, peer, over, overlap, inproc))}
 
 
 def rows_of(records):
@@ -131,7 +139,7 @@ def table(rows, records=()):
         cells = [str(r["op"] or "-")] + ["-" if r[c] is None else str(r[c])
                                          for c in ("W", "M", "N", "K")]
         cells += [fmt(r[c], ".3f") for c in ("t_fused_ms", "t_serial_ms", "t_peer_ms",
-                                             "t_peer_scaled_ms", "t_limit_ms")]
+                                             "t_peer_scaled_ms", "inproc_over_peer", "t_limit_ms")]
         cells += [fmt(r["fused_over_limit"], ".3f"), fmt(r["speedup"], ".2f"),
                   fmt(r["overlap_eff"], ".2f"), r["verdict"]]
         out.append("| " + " | ".join(cells) + " |")

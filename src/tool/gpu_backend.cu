@@ -169,6 +169,11 @@ tp::GemmRsConfig rs_config(const tp::TpChoice& c) {
                      "' must be a number of microseconds in [0, 10000]");
     cfg.forward_spread_us = int(us);
   }
+  if (const char* v = std::getenv("CCFUSE_RS_EARLY_HANDOVER"); v != nullptr && *v) {
+    const std::string t = v;
+    CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_EARLY_HANDOVER '", t, "' must be 0 or 1");
+    cfg.early_handover = t == "1";
+  }
   if (const char* v = std::getenv("CCFUSE_RS_PREFETCH_ADDENDS"); v != nullptr && *v) {
     const std::string t = v;
     CCFUSE_ARG_CHECK(t == "0" || t == "1", "CCFUSE_RS_PREFETCH_ADDENDS '", t, "' must be 0 or 1");

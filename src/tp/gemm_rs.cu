@@ -51,6 +51,11 @@ struct RsEpilogue {
   // mainloop runs, once its flag is seen (addend_ready).
   static constexpr bool kPrefetchAddends = true;
   bool prefetch_addends = false;
+  // GemmRsConfig::early_handover: a TMA-stored tile that the send warps forward (a peer band's
+  // partial; GemmAr's reduced own-band tile) is handed to them a few k-blocks into the next
+  // mainloop, not after it.
+  static constexpr bool kEarlyHandover = true;
+  bool early_handover = false;
   // GemmRsConfig::direct_store (experiment): a peer band's whole tile goes by TMA straight into
   // slot `rank` of the owner's receive buffer (peer_maps: W descriptors, one per rank's buffer as
   // [W * m_local, N]) and its flag is released once the bulk writes are complete; no staging
@@ -223,6 +228,7 @@ std::string to_string(const GemmRsConfig& c, int num_sms, bool all_reduce, int64
              : "registers")
      << (tma && c.direct_store ? " peer_tiles=tma-direct" : "")
      << (c.forward_spread_us > 0 ? " forward_spread=" + std::to_string(c.forward_spread_us) + "us" : "")
+     << (tma && !c.early_handover ? " handover=after-next-mainloop" : "")
      << " cluster=" << c.cluster_m
      << (c.overlap_entry ? " entry=pdl" : "") << " sms=" << (c.num_sms > 0 ? c.num_sms : num_sms)
      << " group_m=" << c.group_m << " bands=staggered(own last) reduce=epilogue(fp32)"
@@ -354,6 +360,7 @@ struct RsState {
     epi.addend_map = addend_map;
     epi.tma_addends = addend_map != nullptr;
     epi.prefetch_addends = cfg.prefetch_addends;
+    epi.early_handover = cfg.early_handover;
     epi.forward_spread_ns = uint64_t(cfg.forward_spread_us) * 1000u;
     epi.peer_maps = peer_maps;
     epi.direct = peer_maps != nullptr;

@@ -57,6 +57,7 @@ struct Case {
   bool direct_store = false;   // GemmRsConfig::direct_store
   bool prefetch_addends = true;  // GemmRsConfig::prefetch_addends (the default)
   int forward_spread_us = 0;     // GemmRsConfig::forward_spread_us (0: unpaced; -1: auto, the default)
+  bool early_handover = true;    // GemmRsConfig::early_handover (the default)
 };
 
 std::string case_name(const Case& c) {
@@ -66,7 +67,8 @@ std::string case_name(const Case& c) {
                          c.tma_store && !c.tma_addends ? "_ldaddends" : "", c.direct_store ? "_direct" : "",
                          c.prefetch_addends ? "" : "_nopf",
                          c.forward_spread_us > 0 ? detail::str_cat("_fwdspread", c.forward_spread_us)
-                                                 : c.forward_spread_us < 0 ? "_fwdauto" : "");
+                                                 : c.forward_spread_us < 0 ? "_fwdauto" : "",
+                         c.early_handover ? "" : "_latehandover");
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -113,6 +115,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     cfg.direct_store = cs.direct_store;
     cfg.prefetch_addends = cs.prefetch_addends;
     cfg.forward_spread_us = cs.forward_spread_us;
+    cfg.early_handover = cs.early_handover;
     if (cs.all_reduce) ar = std::make_unique<GemmAr>(team, d, cfg);
     else rs = std::make_unique<GemmRs>(team, d, cfg);
     auto run = [&](const void* a, const void* b, void* c, cudaStream_t s) {
@@ -238,6 +241,10 @@ std::vector<Case> cases() {
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, 20});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, false, true, false, true, 20});
     v.push_back({8192, 4096, 1024, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, -1});
+    // The cases above hand a forwarded TMA-stored tile to the send warps 4 k-blocks into the next
+    // mainloop (early_handover, the default since 2026-11-30 23:20); here after it, as before.
+    v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, 0, false});
+    v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, false, true, 0, false});
   }
   return v;
 }

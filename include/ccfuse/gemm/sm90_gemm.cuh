@@ -892,6 +892,18 @@ struct HasPrefetchAddends : std::false_type {};
 template <class E>
 struct HasPrefetchAddends<E, std::void_t<decltype(E::kPrefetchAddends)>> : std::bool_constant<E::kPrefetchAddends> {};
 
+// Epilogue::kEarlyHandover (with send warps and the TMA-store epilogue): a TMA-stored tile that
+// the send warps forward is handed over at k-block kEarlyHandoverKb of the next tile's mainloop
+// (consumer thread 0 waits for the bulk writes there, which are complete or nearly so by then),
+// instead of after that whole mainloop, when the runtime field early_handover is set. On few
+// waves of long tiles (K / W = 14336: ~150 us a mainloop) the late hand-over held the peers'
+// partials back by a whole tile.
+template <class E, class = void>
+struct HasEarlyHandover : std::false_type {};
+template <class E>
+struct HasEarlyHandover<E, std::void_t<decltype(E::kEarlyHandover)>> : std::bool_constant<E::kEarlyHandover> {};
+constexpr int kEarlyHandoverKb = 4;
+
 // kTmaAddends: adds the tile's partial tiles into a consumer warpgroup's accumulators through the
 // staging buffer. For each addend consumer thread 0 waits until the previous tile's TMA stores
 // have read the buffer, then loads the partial tile into it (kBlockN / kStoreCols boxes, one
@@ -1420,6 +1432,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // them before the generic proxy, and releases the count. Hand-overs stay in tile order.
     constexpr bool kDeferHandover = Traits::kTmaStore && Epilogue::kHasSendWarps;
     bool handover_pending = false;  // consumer thread 0: a TMA-stored tile not yet handed over
+    // HasEarlyHandover: consumer thread 0 hands it over at k-block kEarlyHandoverKb of the next
+    // mainloop instead (flush_handover there; a no-op when nothing is pending).
+    constexpr bool kEarlyHandover = kDeferHandover && HasEarlyHandover<Epilogue>::value;
+    bool early_handover = false;
+    if constexpr (kEarlyHandover) early_handover = consumer_idx == 0 && epi.early_handover;
+    int handover_kb = 0;  // kEarlyHandover: k-blocks of the current mainloop released so far
+    (void)early_handover;
+    (void)handover_kb;
     constexpr bool kPrefetch = HasPrefetchAddends<Epilogue>::value && HasTmaAddends<Epilogue>::value && Traits::kTmaStore;
     bool addend_prefetched = false;  // consumer thread 0: the current tile's first addend is loading
     int prefetch_kb = 0;             // consumer thread 0: k-blocks of the current mainloop released so far
@@ -1463,6 +1483,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
       const int kb_end = w.kb_end < k_tiles ? w.kb_end : k_tiles;
+      if constexpr (kEarlyHandover) handover_kb = 0;
       if constexpr (kPrefetch) {
         addend_prefetched = false;
         prefetch_kb = 0;
@@ -1474,6 +1495,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // buffer) and starts its load once it is there.
       auto release_k = [&](int s) {
         release(s);
+        if constexpr (kEarlyHandover) {
+          if (early_handover && ++handover_kb == kEarlyHandoverKb) flush_handover();
+        }
         if constexpr (kPrefetch) {
           if (prefetch_try && !addend_prefetched && (++prefetch_kb & 7) == 4) {
             griddep_wait();  // the flags carry the call's epoch (PDL: after the entry barrier)

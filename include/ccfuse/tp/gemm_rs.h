@@ -82,6 +82,13 @@ struct GemmRsConfig {
   // on 4096x4096x14336 (docs/perf-notes.md). GemmAr's all-gather of reduced tiles is never paced
   // (it is the op's tail). Tool env CCFUSE_RS_FORWARD_SPREAD_US=N, tp_ab variants rsspreadN.
   int forward_spread_us = -1;
+  // With tma_store: a tile the send warps forward (a peer band's partial; GemmAr's reduced
+  // own-band tile to the peers) is handed to them 4 k-blocks into the next tile's mainloop, once
+  // its bulk writes are complete, instead of after that whole mainloop (written 2026-11-30 23:20):
+  // tile traces of gemm_rs 1024x8192x28672 (two waves of ~150 us mainloops) showed the own band
+  // waiting 17-33 us for partials the peer had finished a whole tile earlier. false: the old
+  // hand-over, for A/B (tool env CCFUSE_RS_EARLY_HANDOVER=0, tp_ab variant rslate).
+  bool early_handover = true;
 };
 
 // "block=128x256x64 stages=3 epilogue=tma_store cluster=1 sms=132 group_m=8 bands=staggered(own
