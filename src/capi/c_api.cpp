@@ -14,6 +14,7 @@
 #include "ccfuse/moe/moe_ffn.h"
 #include "ccfuse/moe/moe_tuner.h"
 #include "ccfuse/tp/gemm_rs.h"
+#include "ccfuse/tp/tuner.h"
 
 struct ccfuse_tp_op {
   std::string op;
@@ -91,7 +92,26 @@ int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, 
       d.n = n;
       d.k = k;
       d.b_layout = layout;
-      h->ag = std::make_unique<ccfuse::tp::AgGemm>(t, d);
+      // The tuner's transport, as `ccfuse bench` runs it (the copy engine where the push is
+      // dense, tp::ag_copy_engine_pays); shapes it does not take (M / W not whole 128-row
+      // chunks, ...) keep the default, send warps, and AgGemm checks them.
+      ccfuse::tp::AgGemmConfig cfg;
+      ccfuse::tp::TpProblem p;
+      p.op = "ag_gemm";
+      p.world_size = w;
+      p.m = m;
+      p.n = n;
+      p.k_per_rank = k;
+      p.dtype = d.dtype;
+      p.num_sms = ccfuse::gemm::current_device_sms();
+      if (m > 0 && n > 0 && k > 0 && m % w == 0 && (m / w) % 128 == 0) {
+        try {
+          if (ccfuse::tp::choose_tp_config(p).transport == "copy-engine")
+            cfg.transport = ccfuse::tp::AgTransport::kCopyEngine;
+        } catch (const ccfuse::InvalidArgument&) {  // a problem the tuner refuses: AgGemm says why
+        }
+      }
+      h->ag = std::make_unique<ccfuse::tp::AgGemm>(t, d, cfg);
     } else {
       CCFUSE_ARG_CHECK(k > 0 && k % w == 0, name, ": k ", k, " (the global K) is not divisible by the world size ", w);
       ccfuse::tp::GemmRsDesc d;

@@ -71,7 +71,7 @@ Candidate predict(const TpProblem& p, const std::string& transport, int n_c) {
   Candidate c;
   c.transport = transport;
   c.n_c = n_c;
-  c.built = transport_built(transport);
+  c.built = transport_built(p.op, transport);
   const double es = dtype_size(p.dtype);
   const int64_t w = p.world_size;
   const int64_t m_local = p.m / w;
@@ -255,11 +255,13 @@ double transport_gbps(const std::string& transport, int num_comm_ctas, double li
   return link_gbps > 0 ? gbps * link_gbps / C::kCopyEngineGbps : gbps;
 }
 
-// The copy engine is built for ag_gemm (AgTransport::kCopyEngine) but the tuner does not choose
-// it: measured 2026-11-30, it was no faster on the large shapes and 3-10 % slower on the small
-// ones (bench/results/2026-11-30-h200x2-tp-ag-transport-7764be2.jsonl), a per-copy cost the model
-// does not have. It stays "not built" here until the model knows that cost.
-bool transport_built(const std::string& transport) { return transport == "sm-send-warps"; }
+// The copy engine is built for ag_gemm (AgTransport::kCopyEngine). Until 2026-11-30 evening the
+// tuner never chose it (measured 3-10 % slower on the small shapes, in the bench's old timing,
+// which charged it the host latency of its many copies); in GPU time it is faster where the push
+// is dense, and ag_copy_engine_pays decides between the two.
+bool transport_built(const std::string& op, const std::string& transport) {
+  return transport == "sm-send-warps" || (transport == "copy-engine" && op == "ag_gemm");
+}
 
 // ---- the table -------------------------------------------------------------------------------
 
@@ -368,6 +370,15 @@ int rs_forward_spread_us(int world_size, int64_t m, int64_t n, int num_sms) {
   return waves >= TpModelConstants::kRsForwardSpreadMinWaves ? TpModelConstants::kRsForwardSpreadUs : 0;
 }
 
+bool ag_copy_engine_pays(const TpProblem& p) {
+  check_problem(p);
+  CCFUSE_ARG_CHECK(p.op == "ag_gemm", "ag_copy_engine_pays: op '", p.op, "' is not ag_gemm");
+  if (p.world_size == 1) return false;
+  const Candidate warps = predict(p, "sm-send-warps", 0);
+  return warps.comm_ms >= TpModelConstants::kAgCopyEngineMinCommRatio * warps.gemm_ms &&
+         ag_block_n(p.m, p.n, p.num_sms) == kBlockN;
+}
+
 // ---- the choice ------------------------------------------------------------------------------
 
 TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
@@ -382,7 +393,7 @@ TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
   // A measured row for exactly this problem wins (when its transport is built).
   std::string table_note;
   if (const TunedEntry* e = table.find(p)) {
-    if (transport_built(e->transport)) {
+    if (transport_built(p.op, e->transport)) {
       const Candidate c = predict(p, e->transport, e->num_comm_ctas);
       TpChoice out = choice_from(p, c, e->pieces_per_chunk, e->group_m);
       out.predicted_fused_ms = e->measured_fused_ms;
@@ -397,20 +408,48 @@ TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
                          "not built: ignored.");
   }
 
+  // ag_gemm: the transport by the measured rule (ag_copy_engine_pays; the model has no term for
+  // the send warps' contention with the GEMM). The other ops: the fastest built candidate.
   const Candidate* best = nullptr;
-  for (const Candidate& c : cands)
-    if (c.built && (!best || c.fused_ms < best->fused_ms)) best = &c;
+  std::string rule;
+  if (p.op == "ag_gemm") {
+    const bool ce = ag_copy_engine_pays(p);
+    for (const Candidate& c : cands)
+      if (c.transport == (ce ? "copy-engine" : "sm-send-warps")) best = &c;
+    const Candidate& warps = cands.front();  // sm-send-warps, n_c 0
+    const double ratio = warps.gemm_ms > 0 ? warps.comm_ms / warps.gemm_ms : 0;
+    if (p.world_size == 1)
+      rule = ": one rank, nothing to push.";
+    else if (ce)
+      rule = str_cat(": the push is dense (the send warps' comm ", ms(warps.comm_ms), " ms is ", ms(ratio),
+                     " x the GEMM, >= ", TpModelConstants::kAgCopyEngineMinCommRatio,
+                     "), where the copy engine measured 2-3 % faster than the send warps beside the GEMM.");
+    else if (ratio >= TpModelConstants::kAgCopyEngineMinCommRatio)
+      rule = str_cat(": the push is dense (comm ", ms(ratio), " x the GEMM) but the send warps' 192-column tile "
+                     "pays more than the copy engine (which has only 256).");
+    else
+      rule = str_cat(": the push is sparse (comm ", ms(ratio), " x the GEMM, < ",
+                     TpModelConstants::kAgCopyEngineMinCommRatio, "), where the copy engine measured no faster.");
+  } else {
+    for (const Candidate& c : cands)
+      if (c.built && (!best || c.fused_ms < best->fused_ms)) best = &c;
+  }
   CCFUSE_CHECK(best, "no built transport among the candidates");
   int built_count = 0;
   for (const Candidate& c : cands) built_count += c.built;
+  if (rule.empty()) rule = built_count == 1 ? ": the only built transport." : ": the fastest built transport.";
 
   TpChoice out = choice_from(p, *best, 0, kDefaultGroupM);
   out.source = "model";
   std::ostringstream why;
   why << candidate_name(*best) << " predicts " << ms(best->fused_ms) << " ms (gemm " << ms(best->gemm_ms) << " on "
       << std::max(1, p.num_sms - best->n_c) << " SMs, comm " << ms(best->comm_ms) << ", "
-      << (best->gemm_ms >= best->comm_ms ? "GEMM-bound" : "comm-bound") << ")"
-      << (built_count == 1 ? ": the only built transport." : ": the fastest built transport.");
+      << (best->gemm_ms >= best->comm_ms ? "GEMM-bound" : "comm-bound") << ")" << rule;
+  std::string also_built;
+  for (const Candidate& c : cands)
+    if (c.built && &c != best)
+      also_built += str_cat(also_built.empty() ? "" : "; ", candidate_name(c), " ", ms(c.fused_ms), " ms");
+  if (!also_built.empty()) why << " Also built: " << also_built << ".";
   std::string not_built;
   for (const Candidate& c : cands) {
     if (c.built) continue;

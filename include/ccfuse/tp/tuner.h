@@ -101,8 +101,9 @@ double gemm_sustained_factor(double flops);
 // Default one-way bandwidth (GB/s) of a transport with n_c communication CTAs (n_c ignored but
 // for sm-comm-ctas), scaled by link_gbps / 393 when link_gbps > 0.
 double transport_gbps(const std::string& transport, int num_comm_ctas, double link_gbps);
-// Whether the kernels implement the transport today.
-bool transport_built(const std::string& transport);
+// Whether the kernels implement the transport for the op today: sm-send-warps for all three;
+// copy-engine for ag_gemm only (AgTransport::kCopyEngine); sm-comm-ctas for none (replaced).
+bool transport_built(const std::string& op, const std::string& transport);
 
 // Constants of the model (measured on 2x H200 over NVLink unless marked).
 struct TpModelConstants {
@@ -124,6 +125,11 @@ struct TpModelConstants {
   // per-rank GEMM has at least kRsForwardSpreadMinWaves waves of 128x256 tiles (docs/perf-notes.md,
   // "gemm_rs forward pacing"; measured 2026-11-30: 10, 20 and 30 us equally good).
   static constexpr int kRsForwardSpreadUs = 20;
+  // ag_gemm: the copy engine instead of the send warps where the push is dense, the model's
+  // communication time (send warps) at least this fraction of its GEMM time (docs/tp-tuner.md).
+  // Set between the measured shapes: 0.144 and 0.316 faster over the copy engine, 0.063-0.064
+  // within noise (0.079: the 192 tile's shape, excluded on its own).
+  static constexpr double kAgCopyEngineMinCommRatio = 0.1;
   static constexpr double kRsForwardSpreadMinWaves = 3.0;
 };
 
@@ -142,6 +148,16 @@ int ag_push_spread_us(const TpProblem& problem, double band_fraction = TpModelCo
 // 2026-11-30: 1024x14336x8192 1.108 -> 1.060x the engine's GEMM time; on 4096x7168x4096 and
 // 8192x3072x4096, which this rule leaves at 256, 192 was 4-8 % slower.
 int ag_block_n(int64_t m, int64_t n, int num_sms);
+
+// ag_gemm: whether the copy engine is the transport (the model has no term for the send warps'
+// contention with the GEMM beside them, so this is a measured rule, not a predicted time): W > 1,
+// the model's send-warp communication time >= kAgCopyEngineMinCommRatio x its GEMM time (a dense
+// push), and ag_block_n 256 (the copy-engine path has no 192 tile). Measured 2026-11-30 in GPU
+// time, three calls: 0.974-0.981x the send warps' time on 4096x7168x4096 (comm/gemm 0.29) and
+// 0.979-0.983x on 8192x3072x4096 (0.59); on 8192x14336x8192 and 16384x14336x8192 (0.11-0.12)
+// within +-1.5 % either way; 1.02-1.03x on 1024x14336x8192 (the 192 tile's shape). Throws
+// InvalidArgument for a problem choose_tp_config rejects or an op other than ag_gemm.
+bool ag_copy_engine_pays(const TpProblem& problem);
 
 // gemm_rs/gemm_ar: microseconds over which the send warps pace the forwarding of each peer partial
 // tile (GemmRsConfig::forward_spread_us = -1). kRsForwardSpreadUs where the [m, n] GEMM has at

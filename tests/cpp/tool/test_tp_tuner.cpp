@@ -90,9 +90,13 @@ TEST(TpTuner, TransportBandwidthsAndBuiltFlags) {
   EXPECT_DOUBLE_EQ(transport_gbps("sm-comm-ctas", 16, 0), 360.0);
   EXPECT_DOUBLE_EQ(transport_gbps("copy-engine", 0, 786), 786.0);      // link_gbps is the copy engine's rate
   EXPECT_DOUBLE_EQ(transport_gbps("sm-send-warps", 0, 786), 740.0);    // the others keep their ratio to it
-  EXPECT_TRUE(transport_built("sm-send-warps"));
-  EXPECT_FALSE(transport_built("sm-comm-ctas"));
-  EXPECT_FALSE(transport_built("copy-engine"));
+  for (const char* op : {"ag_gemm", "gemm_rs", "gemm_ar"}) {
+    EXPECT_TRUE(transport_built(op, "sm-send-warps")) << op;
+    EXPECT_FALSE(transport_built(op, "sm-comm-ctas")) << op;
+  }
+  EXPECT_TRUE(transport_built("ag_gemm", "copy-engine"));  // AgTransport::kCopyEngine
+  EXPECT_FALSE(transport_built("gemm_rs", "copy-engine"));
+  EXPECT_FALSE(transport_built("gemm_ar", "copy-engine"));
   EXPECT_THROW(transport_gbps("nvshmem", 0, 0), InvalidArgument);
 }
 
@@ -121,7 +125,7 @@ TEST(TpTuner, ModelValuesOfAGemmBoundGemmRs) {
             "transport. Not built: sm-comm-ctas n_c=8 3.095 ms; sm-comm-ctas n_c=16 3.308 ms; copy-engine 2.909 ms.");
 }
 
-TEST(TpTuner, ModelChoosesOnlyTheBuiltTransport) {
+TEST(TpTuner, ModelChoosesABuiltTransport) {
   const std::vector<TpProblem> problems = {
       problem("ag_gemm", 2, 8192, 14336, 8192),  problem("ag_gemm", 8, 8192, 1024, 256),
       problem("gemm_rs", 2, 16384, 16384, 256),  problem("gemm_rs", 4, 1024, 8192, 7168),
@@ -130,13 +134,50 @@ TEST(TpTuner, ModelChoosesOnlyTheBuiltTransport) {
   for (const TpProblem& p : problems) {
     const TpChoice c = choose_tp_config(p, kEmpty);
     SCOPED_TRACE(p.op + " W=" + std::to_string(p.world_size) + " m=" + std::to_string(p.m));
-    EXPECT_EQ(c.transport, "sm-send-warps");
+    // gemm_rs/gemm_ar: the send warps, the only built transport; ag_gemm: the copy engine where
+    // the push is dense (ag_copy_engine_pays), else the send warps.
+    EXPECT_EQ(c.transport, p.op == "ag_gemm" && ag_copy_engine_pays(p) ? "copy-engine" : "sm-send-warps");
     EXPECT_EQ(c.num_comm_ctas, 0);
     EXPECT_EQ(c.source, "model");
     EXPECT_GT(c.predicted_gemm_ms, 0);
     EXPECT_GE(c.predicted_fused_ms, std::max(c.predicted_gemm_ms, c.predicted_comm_ms));
     // The entry barrier alone keeps it strictly above.
     EXPECT_GE(c.predicted_fused_ms - std::max(c.predicted_gemm_ms, c.predicted_comm_ms), 0.010 - 1e-12);
+  }
+  EXPECT_EQ(choose_tp_config(problems[0], kEmpty).transport, "sm-send-warps");  // comm 0.11 x the GEMM
+  EXPECT_EQ(choose_tp_config(problems[1], kEmpty).transport, "copy-engine");    // K = 256: comm-bound
+}
+
+TEST(TpTuner, AgCopyEngineWhereThePushIsDenseAndTheTileStays256) {
+  // The five bench shapes at W = 2 (comm / gemm of the model's send warps): 4096x7168x4096
+  // (0.144) and 8192x3072x4096 (0.316) dense; 8192x14336x8192, 16384x14336x8192 (0.064, 0.063)
+  // and 1024x14336x8192 (0.079, also a 192-column tile) sparse.
+  EXPECT_TRUE(ag_copy_engine_pays(problem("ag_gemm", 2, 4096, 7168, 4096)));
+  EXPECT_TRUE(ag_copy_engine_pays(problem("ag_gemm", 2, 8192, 3072, 4096)));
+  EXPECT_FALSE(ag_copy_engine_pays(problem("ag_gemm", 2, 8192, 14336, 8192)));
+  EXPECT_FALSE(ag_copy_engine_pays(problem("ag_gemm", 2, 16384, 14336, 8192)));
+  EXPECT_FALSE(ag_copy_engine_pays(problem("ag_gemm", 2, 1024, 14336, 8192)));
+  // Dense, but its send warps would take the 192 tile (64 tiles of 192 in one wave against 48
+  // of 256, also one): the send warps.
+  const TpProblem narrow = problem("ag_gemm", 2, 1024, 1536, 4096);
+  EXPECT_EQ(ag_block_n(1024, 1536, 132), 192);
+  EXPECT_FALSE(ag_copy_engine_pays(narrow));
+  EXPECT_NE(choose_tp_config(narrow, kEmpty).why.find("192-column tile"), std::string::npos);
+  EXPECT_FALSE(ag_copy_engine_pays(problem("ag_gemm", 1, 8192, 3072, 4096)));  // one rank
+  // The why names the rule, and the copy engine's choice has no push pacing and the 256 tile.
+  const TpChoice d = choose_tp_config(problem("ag_gemm", 2, 8192, 3072, 4096), kEmpty);
+  EXPECT_EQ(d.transport, "copy-engine");
+  EXPECT_EQ(d.push_spread_us, 0);
+  EXPECT_EQ(d.block_n, 256);
+  EXPECT_NE(d.why.find("the push is dense"), std::string::npos) << d.why;
+  EXPECT_NE(d.why.find("Also built: sm-send-warps"), std::string::npos) << d.why;
+  const TpChoice sp = choose_tp_config(problem("ag_gemm", 2, 8192, 14336, 8192), kEmpty);
+  EXPECT_NE(sp.why.find("the push is sparse"), std::string::npos) << sp.why;
+  try {
+    ag_copy_engine_pays(problem("gemm_rs", 2, 8192, 3072, 4096));
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "ag_copy_engine_pays: op 'gemm_rs' is not ag_gemm");
   }
 }
 
@@ -157,9 +198,10 @@ TEST(TpTuner, CommTimeScalesWithTheBytesMoved) {
   EXPECT_NEAR(comm(problem("gemm_rs", 4, 8192, 4096, 4096)) - flag, 1.5 * rs, 1e-9);  // 3/4 of M, not 1/2
   EXPECT_NEAR(comm(problem("gemm_ar", 2, 8192, 4096, 4096)) - flag, 2 * rs, 1e-9);    // + the all-gather
   // ag_gemm: (W-1) * M/W * K * 2 bytes: N moves nothing, K does.
-  const double ag = comm(problem("ag_gemm", 2, 8192, 4096, 4096)) - flag;
+  // (N = 16384: a GEMM-heavy problem, so that the tuner keeps the send warps.)
+  const double ag = comm(problem("ag_gemm", 2, 8192, 16384, 4096)) - flag;
   EXPECT_NEAR(ag, rs, 1e-9);
-  EXPECT_NEAR(comm(problem("ag_gemm", 2, 8192, 1024, 8192)) - flag, 2 * ag, 1e-9);
+  EXPECT_NEAR(comm(problem("ag_gemm", 2, 8192, 16384, 8192)) - flag, 2 * ag, 1e-9);
   // A link twice as fast halves the transfer.
   TpProblem fast = problem("gemm_rs", 2, 8192, 4096, 4096);
   fast.link_gbps = 786;
@@ -254,7 +296,14 @@ TEST(TpTuner, AgPushSpreadIsAFractionOfOneBandsGemmTime) {
   EXPECT_EQ(ag_push_spread_us(p, 1.0), 143);
   EXPECT_EQ(ag_push_spread_us(p, 0.5), 71);
   EXPECT_EQ(ag_push_spread_us(p), int(std::lround(TpModelConstants::kAgPushSpreadFraction * 142.82)));
-  EXPECT_EQ(c.push_spread_us, ag_push_spread_us(p));
+  // The tuner takes the copy engine for this dense push (no pacing there); over send warps the
+  // rule applies (a table row naming them).
+  EXPECT_EQ(c.transport, "copy-engine");
+  EXPECT_EQ(c.push_spread_us, 0);
+  const TempFile f("warps.tsv", "ag_gemm\t2\t8192\t3072\t4096\t132\tsm-send-warps\t0\t0\t8\t0.29\tr.jsonl\n");
+  const TpChoice w = choose_tp_config(p, load_tuned_table(f.path()));
+  EXPECT_EQ(w.transport, "sm-send-warps");
+  EXPECT_EQ(w.push_spread_us, ag_push_spread_us(p));
   EXPECT_EQ(ag_push_spread_us(p, 0), 0);
   // Four ranks: a band is a quarter of the GEMM.
   EXPECT_EQ(ag_push_spread_us(problem("ag_gemm", 4, 8192, 3072, 4096), 1.0), 71);
@@ -263,7 +312,8 @@ TEST(TpTuner, AgPushSpreadIsAFractionOfOneBandsGemmTime) {
   EXPECT_EQ(ag_push_spread_us(problem("ag_gemm", 2, 1 << 22, 1 << 16, 1 << 14), 2.0), 100000);
   // gemm_rs / gemm_ar push nothing up front.
   EXPECT_EQ(choose_tp_config(problem("gemm_rs", 2, 8192, 3072, 4096), kEmpty).push_spread_us, 0);
-  EXPECT_NE(to_string(c).find(" push_spread_us=" + std::to_string(c.push_spread_us) + " "), std::string::npos);
+  EXPECT_NE(to_string(w).find(" push_spread_us=" + std::to_string(w.push_spread_us) + " "), std::string::npos);
+  EXPECT_EQ(to_string(c).find(" push_spread_us="), std::string::npos);
   try {
     ag_push_spread_us(p, 2.5);
     ADD_FAILURE() << "no error";
@@ -435,9 +485,12 @@ TEST(TpTuner, ShippedTableParsesWithTheThirteenMeasuredRows) {
     ar += e.op == "gemm_ar";
     EXPECT_EQ(e.world_size, 2);
     EXPECT_EQ(e.gpu_sms, 132);
-    EXPECT_EQ(e.transport, "sm-send-warps");
     EXPECT_EQ(e.group_m, 8);
-    EXPECT_EQ(e.source_file, "bench/results/2026-11-30-h200x2-tp-v3.7-bc44201.jsonl");
+    // The two dense ag_gemm pushes over the copy engine, measured in their own A/B call.
+    const bool ce = e.op == "ag_gemm" && e.k_per_rank == 4096;
+    EXPECT_EQ(e.transport, ce ? "copy-engine" : "sm-send-warps");
+    EXPECT_EQ(e.source_file, ce ? "bench/results/2026-11-30-h200x2-tp-agce-ab-b1-12f6127.jsonl"
+                                : "bench/results/2026-11-30-h200x2-tp-v3.7-bc44201.jsonl");
   }
   EXPECT_EQ(ag, 5);
   EXPECT_EQ(rs, 5);
