@@ -106,8 +106,10 @@ if [[ " $what " == *" tp "* ]]; then
   if [[ ${#peer_shapes[@]} -gt 0 ]]; then
     # With our C ABI library, ccfuse's op also runs in the peer's process, in its rounds.
     ccfuse_lib=(); [ -f "$BIN/libccfuse_c.so" ] && ccfuse_lib=(--ccfuse-lib "$BIN/libccfuse_c.so")
+    # A 1 ms lead spin: 100 us does not cover async-TP's host path (measured 2026-11-30 23:10:
+    # its times fell 10-35 % with 400 us, ours and torch.mm's did not; tools/torch_async_tp_bench.py).
     timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_async_tp_bench.py \
-      --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" "${ccfuse_lib[@]}" > "$OUT/tp_peer.log" 2>&1 \
+      --json "$OUT/tp_peer.jsonl" "${peer_shapes[@]}" "${ccfuse_lib[@]}" --lead-us 1000 > "$OUT/tp_peer.log" 2>&1 \
       || { status=1; tail -n 5 "$OUT/tp_peer.log"; }
   fi
   [ -s "$OUT/tp_peer.jsonl" ] && python3 tools/merge_tp_peer.py "$OUT/tp_baselines.jsonl" "$OUT/tp_peer.jsonl" \

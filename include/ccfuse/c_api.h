@@ -42,6 +42,8 @@ typedef struct ccfuse_moe_ffn ccfuse_moe_ffn;
 
 int ccfuse_init_from_env(void);
 int ccfuse_world_size(int* out);
+/* The op's default configuration; ag_gemm takes the TP tuner's transport (the copy engine where
+ * the push is dense, tp::ag_copy_engine_pays; docs/tp-tuner.md), as `ccfuse bench` does. */
 int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, ccfuse_tp_op** out);
 int ccfuse_tp_run(ccfuse_tp_op* op, const void* a, const void* b, void* c, void* stream);
 int ccfuse_tp_destroy(ccfuse_tp_op* op);
