@@ -373,7 +373,9 @@ int rs_forward_spread_us(int world_size, int64_t m, int64_t n, int num_sms) {
 bool ag_copy_engine_pays(const TpProblem& p) {
   check_problem(p);
   CCFUSE_ARG_CHECK(p.op == "ag_gemm", "ag_copy_engine_pays: op '", p.op, "' is not ag_gemm");
-  if (p.world_size == 1) return false;
+  // Measured at W = 2 only (the GPUs lent so far): W - 1 copies per chunk at W = 4 or 8 cost more
+  // host time and stream-ordered flags, so larger teams keep the send warps until measured.
+  if (p.world_size != 2) return false;
   const Candidate warps = predict(p, "sm-send-warps", 0);
   return warps.comm_ms >= TpModelConstants::kAgCopyEngineMinCommRatio * warps.gemm_ms &&
          ag_block_n(p.m, p.n, p.num_sms) == kBlockN;
@@ -420,6 +422,8 @@ TpChoice choose_tp_config(const TpProblem& p, const TunedTable& table) {
     const double ratio = warps.gemm_ms > 0 ? warps.comm_ms / warps.gemm_ms : 0;
     if (p.world_size == 1)
       rule = ": one rank, nothing to push.";
+    else if (p.world_size != 2)
+      rule = ": the copy-engine rule is measured at W = 2 only; send warps at other world sizes.";
     else if (ce)
       rule = str_cat(": the push is dense (the send warps' comm ", ms(warps.comm_ms), " ms is ", ms(ratio),
                      " x the GEMM, >= ", TpModelConstants::kAgCopyEngineMinCommRatio,

@@ -150,8 +150,8 @@ int ag_push_spread_us(const TpProblem& problem, double band_fraction = TpModelCo
 int ag_block_n(int64_t m, int64_t n, int num_sms);
 
 // ag_gemm: whether the copy engine is the transport (the model has no term for the send warps'
-// contention with the GEMM beside them, so this is a measured rule, not a predicted time): W > 1,
-// the model's send-warp communication time >= kAgCopyEngineMinCommRatio x its GEMM time (a dense
+// contention with the GEMM beside them, so this is a measured rule, not a predicted time): W = 2
+// (the only world size measured; W - 1 copies per chunk elsewhere), the model's send-warp communication time >= kAgCopyEngineMinCommRatio x its GEMM time (a dense
 // push), and ag_block_n 256 (the copy-engine path has no 192 tile). Measured 2026-11-30 in GPU
 // time, three calls: 0.974-0.981x the send warps' time on 4096x7168x4096 (comm/gemm 0.29) and
 // 0.979-0.983x on 8192x3072x4096 (0.59); on 8192x14336x8192 and 16384x14336x8192 (0.11-0.12)

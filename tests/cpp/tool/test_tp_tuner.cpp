@@ -145,7 +145,10 @@ TEST(TpTuner, ModelChoosesABuiltTransport) {
     EXPECT_GE(c.predicted_fused_ms - std::max(c.predicted_gemm_ms, c.predicted_comm_ms), 0.010 - 1e-12);
   }
   EXPECT_EQ(choose_tp_config(problems[0], kEmpty).transport, "sm-send-warps");  // comm 0.11 x the GEMM
-  EXPECT_EQ(choose_tp_config(problems[1], kEmpty).transport, "copy-engine");    // K = 256: comm-bound
+  // K = 256: comm-bound, a dense push, but W = 8: the copy-engine rule is measured at W = 2 only.
+  EXPECT_EQ(choose_tp_config(problems[1], kEmpty).transport, "sm-send-warps");
+  EXPECT_NE(choose_tp_config(problems[1], kEmpty).why.find("measured at W = 2 only"), std::string::npos);
+  EXPECT_EQ(choose_tp_config(problem("ag_gemm", 2, 8192, 1024, 256), kEmpty).transport, "copy-engine");
 }
 
 TEST(TpTuner, AgCopyEngineWhereThePushIsDenseAndTheTileStays256) {
@@ -164,6 +167,7 @@ TEST(TpTuner, AgCopyEngineWhereThePushIsDenseAndTheTileStays256) {
   EXPECT_FALSE(ag_copy_engine_pays(narrow));
   EXPECT_NE(choose_tp_config(narrow, kEmpty).why.find("192-column tile"), std::string::npos);
   EXPECT_FALSE(ag_copy_engine_pays(problem("ag_gemm", 1, 8192, 3072, 4096)));  // one rank
+  EXPECT_FALSE(ag_copy_engine_pays(problem("ag_gemm", 4, 8192, 3072, 4096)));  // measured at W = 2 only
   // The why names the rule, and the copy engine's choice has no push pacing and the 256 tile.
   const TpChoice d = choose_tp_config(problem("ag_gemm", 2, 8192, 3072, 4096), kEmpty);
   EXPECT_EQ(d.transport, "copy-engine");
