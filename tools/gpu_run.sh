@@ -375,7 +375,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # gather-slot copy (GPU time, 2026-11-30 20:40: traced faster than the send warps at W = 2).
   # rsnopf: gemm_rs / gemm_ar without the addend prefetch (CCFUSE_RS_PREFETCH_ADDENDS=0).
   # rslate: gemm_rs / gemm_ar handing a TMA-stored tile to the send warps after the next mainloop
-  # (CCFUSE_RS_EARLY_HANDOVER=0; the default before 2026-11-30 23:20), not 4 k-blocks into it.
+  # (CCFUSE_RS_EARLY_HANDOVER=0; the default before 2026-11-30 22:45, 12f6127), not 4 k-blocks into it.
   # rsspreadN (EXPERIMENT, written 2026-11-30 21:20): gemm_rs's partials forwarded in 8 slices paced
   # over N us (CCFUSE_RS_FORWARD_SPREAD_US; e.g. "rs rsspread10 rsspread20 rsspread30").
   # base: every op at its defaults (the reference for pdl / cluster2 / gmN in the same call).

@@ -242,7 +242,7 @@ std::vector<Case> cases() {
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, false, true, false, true, 20});
     v.push_back({8192, 4096, 1024, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, -1});
     // The cases above hand a forwarded TMA-stored tile to the send warps 4 k-blocks into the next
-    // mainloop (early_handover, the default since 2026-11-30 23:20); here after it, as before.
+    // mainloop (early_handover, the default since 2026-11-30 22:45, 12f6127); here after it, as before.
     v.push_back({4096, 3072, 2048, gemm::BLayout::kNK, DType::kBFloat16, ar, 1, true, true, true, false, true, 0, false});
     v.push_back({1000, 1024, 512, gemm::BLayout::kKN, DType::kFloat16, ar, 1, false, true, true, false, true, 0, false});
   }

@@ -77,15 +77,15 @@ struct GemmRsConfig {
   // The send warps forward a peer band's partial tile in 8 slices of rows paced over this many
   // microseconds (0 = as fast as they can), as ag_gemm paces its push: tile traces showed the peer
   // band's waves whose partials are forwarded in a burst beside the mainloop run it 20-35 % slower.
-  // -1 (the default since 2026-11-30 23:00): tp::rs_forward_spread_us, 20 us where the GEMM has at
-  // least 3 waves of tiles, else 0; measured 0.951x the unpaced time on 8192x4096x6144 and 0.962x
-  // on 4096x4096x14336 (docs/perf-notes.md). GemmAr's all-gather of reduced tiles is never paced
+  // -1 (the default since 2026-11-30 22:30, 056c54d): tp::rs_forward_spread_us, 20 us where the
+  // GEMM has at least 3 waves of tiles, else 0; measured 0.951x the unpaced time on
+  // 8192x4096x6144 and 0.962x on 4096x4096x14336 (docs/perf-notes.md). GemmAr's all-gather of reduced tiles is never paced
   // (it is the op's tail). Tool env CCFUSE_RS_FORWARD_SPREAD_US=N, tp_ab variants rsspreadN.
   int forward_spread_us = -1;
   // With tma_store: a tile the send warps forward (a peer band's partial; GemmAr's reduced
   // own-band tile to the peers) is handed to them 4 k-blocks into the next tile's mainloop, once
-  // its bulk writes are complete, instead of after that whole mainloop (written 2026-11-30 23:20):
-  // tile traces of gemm_rs 1024x8192x28672 (two waves of ~150 us mainloops) showed the own band
+  // its bulk writes are complete, instead of after that whole mainloop (default since 2026-11-30
+  // 22:45, 12f6127): tile traces of gemm_rs 1024x8192x28672 (two waves of ~150 us mainloops) showed the own band
   // waiting 17-33 us for partials the peer had finished a whole tile earlier. false: the old
   // hand-over, for A/B (tool env CCFUSE_RS_EARLY_HANDOVER=0, tp_ab variant rslate).
   bool early_handover = true;
