@@ -65,6 +65,40 @@ def time_ms(fns, iters, warmup, group, lead_us=0):
     return [statistics.median(t) for t in times]
 
 
+def time_steady_ms(fns, steady_ms, est_ms, rounds, group, sampler=None):
+    """Each of fns back to back for ~steady_ms (a steady state: the GPU at its power cap, as in a
+    training step's layers), CUDA events between the calls, in turn for `rounds` rounds; medians of
+    the per-call times. est_ms: each fn's time from the interleaved rounds (sets the call count).
+    With a sampler (rank 0), the median SM clock and power during each fn's runs as well."""
+    times = [[] for _ in fns]
+    clocks = [[] for _ in fns]
+    for _ in range(rounds):
+        for j, fn in enumerate(fns):
+            n = max(20, int(steady_ms / max(est_ms[j], 1e-3)))
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+            dist.barrier(group=group)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(20_000_000)  # ~10 ms: the queue fills before the GPU reaches the first call
+            t0 = time.time()
+            ev[0].record()
+            for i in range(n):
+                fn()
+                ev[i + 1].record()
+            torch.cuda.synchronize()
+            t1 = time.time()
+            per_call = [ev[i].elapsed_time(ev[i + 1]) for i in range(n)]
+            times[j].append(statistics.median(per_call[n // 10:]))  # the first tenth: clocks settling
+            if sampler is not None:
+                # The run's GPU time is its last (t1 - t0) seconds less the host's tail; its samples from the
+                # middle of the window are what the clock settled at.
+                w = sampler.window(t0 + 0.5 * (t1 - t0), t1, torch.cuda.current_device())
+                if w:
+                    clocks[j].append((w["sm_mhz"], w["power_w"]))
+    med = [statistics.median(t) for t in times]
+    clk = [(statistics.median(c[0] for c in cs), statistics.median(c[1] for c in cs)) if cs else None for cs in clocks]
+    return med, clk
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", required=True)
@@ -74,6 +108,9 @@ def main():
     p.add_argument("--lead-us", type=int, default=100,
                    help="GPU spin before each timed run's start event (0: time the host's enqueue too)")
     p.add_argument("--ccfuse-lib", help="libccfuse_c.so: also time ccfuse's fused op in the same rounds")
+    p.add_argument("--steady-ms", type=float, default=0,
+                   help="also time each op back to back for this long (the GPU at its power cap), and the "
+                        "serial NCCL + torch.mm op; t_*_steady_ms in the records")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -90,6 +127,11 @@ def main():
         from ccfuse import _capi
         ccfuse = _capi.Ccfuse(args.ccfuse_lib)
         ccfuse.init_from_env()
+    sampler = None
+    if args.steady_ms > 0 and rank == 0:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from contention_probe import Sampler
+        sampler = Sampler()
     records = []
     for op, m, n, k in args.shape:
         if op == "ag_gemm":
@@ -105,6 +147,12 @@ def main():
 
             def mm():
                 torch.mm(a_full, b)
+
+            gathered = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+
+            def serial():
+                dist.all_gather_into_tensor(gathered, a, group=group)
+                return torch.mm(gathered, b)
         else:
             a = torch.rand(m, k // world, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
             b = torch.rand(k // world, n, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
@@ -117,6 +165,12 @@ def main():
 
             def mm():
                 torch.mm(a, b)
+
+            rs_out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+
+            def serial():
+                dist.reduce_scatter_tensor(rs_out, torch.mm(a, b), group=group)
+                return rs_out
 
         fns = [run, mm]
         if ccfuse is not None:
@@ -139,6 +193,22 @@ def main():
                "peer": "torch.ops.symm_mem (PyTorch %s)" % torch.__version__, "lead_us": args.lead_us}
         line = "%-8s m=%d n=%d k=%d  PyTorch async-TP %.4f ms, torch.mm of the local GEMM %.4f ms (ratio %.3f)" % (
             op, m, n, k, t_peer, t_mm, t_peer / t_mm)
+        if args.steady_ms > 0:
+            sfns = fns + [serial]
+            names = ["peer", "mm", "ccfuse", "serial"] if ccfuse is not None else ["peer", "mm", "serial"]
+            est = list(t) + [t[0]]
+            ts, clk = time_steady_ms(sfns, args.steady_ms, est, 2, group, sampler)
+            t_all_s = [None] * world
+            dist.all_gather_object(t_all_s, ts)
+            rec["steady_ms"] = args.steady_ms
+            for j, name in enumerate(names):
+                rec["t_%s_steady_ms" % name] = max(x[j] for x in t_all_s)
+                if clk[j] is not None:
+                    rec["sm_mhz_%s_steady" % name], rec["power_w_%s_steady" % name] = clk[j]
+            line += "\n    steady %.0f ms: " % args.steady_ms + ", ".join(
+                "%s %.4f ms%s" % (nm, rec["t_%s_steady_ms" % nm],
+                                  " @%.0f MHz" % rec["sm_mhz_%s_steady" % nm] if "sm_mhz_%s_steady" % nm in rec else "")
+                for nm in names)
         if ccfuse is not None:
             # Correctness against async-TP on fresh outputs (c poisoned with NaN first).
             c.fill_(float("nan"))
@@ -162,6 +232,8 @@ def main():
         dist.barrier(group=group)
         torch.cuda.synchronize()
         ccfuse.finalize()
+    if sampler is not None:
+        sampler.stop()
     if rank == 0:
         with open(args.json, "a") as f:
             for r in records:
