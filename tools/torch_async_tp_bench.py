@@ -196,7 +196,8 @@ def main():
         if args.steady_ms > 0:
             sfns = fns + [serial]
             names = ["peer", "mm", "ccfuse", "serial"] if ccfuse is not None else ["peer", "mm", "serial"]
-            est = list(t) + [t[0]]
+            # One call count for all ranks (each call is a collective): from the slowest rank's times.
+            est = [max(x[j] for x in t_all) for j in range(len(t))] + [t_peer]
             ts, clk = time_steady_ms(sfns, args.steady_ms, est, 2, group, sampler)
             t_all_s = [None] * world
             dist.all_gather_object(t_all_s, ts)
