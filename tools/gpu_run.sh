@@ -373,6 +373,9 @@ if [[ " $what " == *" tp_ab "* ]]; then
   # agfracF: over F x one band's predicted GEMM time (the default's rule, another fraction).
   # agce / agcepo: ag_gemm over the copy engine without the peer baseline, with / without the own
   # gather-slot copy (GPU time, 2026-11-30 20:40: traced faster than the send warps at W = 2).
+  # agsw: ag_gemm over the send warps on every shape (the tuner takes the copy engine on dense ones).
+  # CCFUSE_BENCH_STEADY_MS=N (any variant, any tp run): each part also back to back for N ms
+  # (the GPU at its power cap; t_*_steady_ms in the records).
   # rsnopf: gemm_rs / gemm_ar without the addend prefetch (CCFUSE_RS_PREFETCH_ADDENDS=0).
   # rslate: gemm_rs / gemm_ar handing a TMA-stored tile to the send warps after the next mainloop
   # (CCFUSE_RS_EARLY_HANDOVER=0; the default before 2026-11-30 22:45, 12f6127), not 4 k-blocks into it.
@@ -398,6 +401,7 @@ if [[ " $what " == *" tp_ab "* ]]; then
       agfrac[0-9]*) vars=(CCFUSE_AG_PUSH_SPREAD_FRACTION=${variant#agfrac} CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       pdl) vars=(CCFUSE_TP_PDL=1 CCFUSE_TP_NO_PEER=1) ;;
       agce) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;  # the copy engine, no peer baseline
+      agsw) vars=(CCFUSE_AG_TRANSPORT=sm-send-warps CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;  # the send warps everywhere
       agcepo) vars=(CCFUSE_AG_TRANSPORT=copy-engine CCFUSE_AG_RETURN_GATHERED=0 CCFUSE_TP_ONLY=ag_gemm CCFUSE_TP_NO_PEER=1) ;;
       nopdl) vars=(CCFUSE_TP_PDL=0 CCFUSE_TP_NO_PEER=1) ;;  # without PDL after the entry barrier (the default before 2026-11-30 20:33)
       base) vars=(CCFUSE_TP_NO_PEER=1) ;;  # every op at its defaults, no peer baseline: the A/B's reference

@@ -192,6 +192,32 @@ def plot(rows, path, log=False, normalize=False):
     return True
 
 
+STEADY_COLUMNS = ["op", "M", "N", "K", "ccfuse fused (ms)", "serial NCCL+cuBLAS (ms)", "cuBLAS GEMM alone (ms)",
+                  "ccfuse GEMM alone (ms)", "fused / serial", "fused / GEMM", "ccfuse GEMM / cuBLAS",
+                  "same, interleaved"]
+
+
+def steady_table(records):
+    """Records with t_fused_steady_ms (CCFUSE_BENCH_STEADY_MS): each part back to back, alone, at the
+    GPU's power cap. Empty when none has it. 'same, interleaved': ccfuse GEMM / cuBLAS GEMM in the
+    interleaved rounds, where both run at the same clock."""
+    rows = [r for r in records if num(r.get("t_fused_steady_ms")) is not None]
+    if not rows:
+        return ""
+    out = ["| " + " | ".join(STEADY_COLUMNS) + " |",
+           "|" + "|".join("---" if i < 1 else "---:" for i in range(len(STEADY_COLUMNS))) + "|"]
+    for r in rows:
+        f, s, g, go = (num(r.get(k)) for k in ("t_fused_steady_ms", "t_serial_steady_ms", "t_gemm_steady_ms",
+                                               "t_gemm_ccfuse_steady_ms"))
+        inter = ratio(num(r.get("t_gemm_ccfuse_ms")), num(r.get("t_gemm_ms")))
+        cells = [str(r.get("op", "-"))] + [str(r.get(c, "-")) for c in ("m", "n", "k")]
+        cells += [fmt(v, ".3f") for v in (f, s, g, go)]
+        cells += [fmt(ratio(f, s), ".3f"), fmt(ratio(f, g), ".3f"), fmt(ratio(go, g), ".3f"), fmt(inter, ".3f")]
+        out.append("| " + " | ".join(cells) + " |")
+    return ("\nBack to back, each alone, for %s ms (the GPU at its power cap):\n\n" % rows[0].get("steady_ms", "?")
+            + "\n".join(out) + "\n")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("jsonl", nargs="+", help="JSON Lines files of TP benchmark records")
@@ -203,7 +229,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     records = load(a.jsonl)
     rows = rows_of(records)
-    md = table(rows, records)
+    md = table(rows, records) + steady_table(records)
     if a.md:
         with open(a.md, "w") as f:
             f.write(md)

@@ -88,6 +88,10 @@ struct BenchRecord {
   // TP ops on GPUs (added, written only when set): ccfuse's own GEMM engine on the rank's GEMM
   // (no communication, same harness), to tell the fusion's overhead from the GEMM's gap to cuBLAS.
   double t_gemm_ccfuse_ms = -1;
+  // CCFUSE_BENCH_STEADY_MS > 0 (TP ops on GPUs): each variant back to back for about steady_ms,
+  // alone (the GPU at its power cap), medians per run; written only when set.
+  double steady_ms = -1, t_fused_steady_ms = -1, t_serial_steady_ms = -1, t_gemm_steady_ms = -1,
+         t_comm_steady_ms = -1, t_gemm_ccfuse_steady_ms = -1;
   // --op gemm (added fields; each is written to the JSON only when set, so the TP records keep
   // their shape): ccfuse and best-cuBLASLt throughput, ccfuse as a percentage of cuBLASLt, the
   // engine's config (gemm::to_string), B's layout, the SM budget used and the GPU's SM count,

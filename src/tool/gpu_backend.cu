@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
 #include <ostream>
 #include <random>
@@ -281,6 +282,44 @@ int lead_us() {
   return int(us);
 }
 
+// CCFUSE_BENCH_STEADY_MS (default 0: off): after the interleaved rounds, each variant also runs
+// back to back for about this long, alone, and its median time per run is recorded
+// (t_*_steady_ms). Interleaved with a spin before each run, every variant runs at the clock that
+// the mix's average power allows (near 1.8-1.9 GHz on these shapes); back to back, as the layers
+// of a training step do, the GPU sits at its 700 W cap and each variant at the clock its own power
+// allows (1.43-1.9 GHz measured 2026-12-01, bench/results/2026-12-01-h200x2-tp-steady-35b6e5e.jsonl).
+int steady_ms() {
+  const char* v = std::getenv("CCFUSE_BENCH_STEADY_MS");
+  if (v == nullptr || !*v) return 0;
+  char* end = nullptr;
+  const long ms = std::strtol(v, &end, 10);
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && ms >= 0 && ms <= 10000, "CCFUSE_BENCH_STEADY_MS '", v,
+                   "' must be a number of milliseconds in [0, 10000]");
+  return int(ms);
+}
+
+// The rank threads of run_local_world meet here (host side), e.g. to agree on a run count.
+class HostBarrier {
+ public:
+  explicit HostBarrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return gen_ != gen; });
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, count_ = 0, gen_ = 0;
+};
+
 struct RankState {
   Team& team;
   const Options& o;
@@ -510,6 +549,10 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   std::vector<double> t_comm(static_cast<size_t>(w)), t_gemm(static_cast<size_t>(w)), t_serial(static_cast<size_t>(w));
   std::vector<double> t_fused(static_cast<size_t>(w), -1.0), t_gemm_ours(static_cast<size_t>(w), -1.0);
   std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
+  // Steady-state times (CCFUSE_BENCH_STEADY_MS), per part and rank, in the parts' order below.
+  const int steady = steady_ms();
+  std::vector<std::vector<double>> t_steady;
+  HostBarrier host_barrier(w);
   cudaDeviceProp prop{};
   CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int lead = lead_us();
@@ -535,16 +578,16 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     struct Part {
       const char* what;
       std::function<void(int)> run;
-      double* median;
+      std::vector<double>* medians;  // per rank
       std::vector<double> ms;
     };
     std::vector<Part> parts;
-    parts.push_back({"t_comm", [&](int set) { st.comm_part(set); }, &t_comm[size_t(r)], {}});
-    parts.push_back({"t_gemm", [&](int set) { st.gemm_part(set); }, &t_gemm[size_t(r)], {}});
-    parts.push_back({"t_serial", [&](int set) { st.serial(set); }, &t_serial[size_t(r)], {}});
+    parts.push_back({"t_comm", [&](int set) { st.comm_part(set); }, &t_comm, {}});
+    parts.push_back({"t_gemm", [&](int set) { st.gemm_part(set); }, &t_gemm, {}});
+    parts.push_back({"t_serial", [&](int set) { st.serial(set); }, &t_serial, {}});
     if (o.dtype != DType::kFloat32)
-      parts.push_back({"t_gemm_ccfuse", [&](int set) { st.ccfuse_gemm_part(set); }, &t_gemm_ours[size_t(r)], {}});
-    if (st.has_fused_op()) parts.push_back({"t_fused", [&](int set) { st.fused(set); }, &t_fused[size_t(r)], {}});
+      parts.push_back({"t_gemm_ccfuse", [&](int set) { st.ccfuse_gemm_part(set); }, &t_gemm_ours, {}});
+    if (st.has_fused_op()) parts.push_back({"t_fused", [&](int set) { st.fused(set); }, &t_fused, {}});
     for (int it = 0; it < o.warmup + o.iters; ++it) {
       for (Part& part : parts) {
         team.barrier(st.stream);  // ranks start each run together
@@ -563,7 +606,37 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
     }
     for (Part& part : parts) {
       std::sort(part.ms.begin(), part.ms.end());
-      *part.median = part.ms[part.ms.size() / 2];
+      (*part.medians)[size_t(r)] = part.ms[part.ms.size() / 2];
+    }
+    if (steady > 0) {
+      // Each part back to back, alone; every rank runs it the same number of times (each run of a
+      // collective part is a collective), from the slowest rank's interleaved median.
+      if (r == 0) t_steady.assign(parts.size(), std::vector<double>(size_t(w), -1.0));
+      host_barrier.wait();
+      for (size_t p = 0; p < parts.size(); ++p) {
+        const double slowest = *std::max_element(parts[p].medians->begin(), parts[p].medians->end());
+        const int runs = std::max(20, int(double(steady) / std::max(slowest, 1e-3)));
+        std::vector<cudaEvent_t> ev(size_t(runs) + 1);
+        for (auto& e : ev) CCFUSE_CUDA_CHECK(cudaEventCreate(&e));
+        team.barrier(st.stream);
+        lead_spin_kernel<<<1, 1, 0, st.stream>>>(uint64_t(10000) * 1000u);  // the queue fills meanwhile
+        CCFUSE_CUDA_CHECK(cudaGetLastError());
+        CCFUSE_CUDA_CHECK(cudaEventRecord(ev[0], st.stream));
+        for (int i = 0; i < runs; ++i) {
+          parts[p].run(i % num_sets);
+          CCFUSE_CUDA_CHECK(cudaEventRecord(ev[size_t(i) + 1], st.stream));
+        }
+        team.synchronize(st.stream);
+        std::vector<double> ms;
+        for (int i = runs / 10; i < runs; ++i) {  // the first tenth: the clock settling
+          float t = 0;
+          CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(i)], ev[size_t(i) + 1]));
+          ms.push_back(t);
+        }
+        for (auto e : ev) cudaEventDestroy(e);
+        std::sort(ms.begin(), ms.end());
+        t_steady[p][size_t(r)] = ms[ms.size() / 2];
+      }
     }
     if (r == 0) {
       std::lock_guard<std::mutex> lock(mu);
@@ -635,6 +708,15 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   rec.t_limit_ms = std::max(rec.t_comm_ms, rec.t_gemm_ms);
   if (has_fused(o)) rec.t_fused_ms = *std::max_element(t_fused.begin(), t_fused.end());
   rec.t_gemm_ccfuse_ms = *std::max_element(t_gemm_ours.begin(), t_gemm_ours.end());
+  if (steady > 0) {
+    // The parts' order above: comm, gemm, serial, [gemm_ccfuse], [fused].
+    rec.steady_ms = steady;
+    std::vector<double*> dst = {&rec.t_comm_steady_ms, &rec.t_gemm_steady_ms, &rec.t_serial_steady_ms};
+    if (o.dtype != DType::kFloat32) dst.push_back(&rec.t_gemm_ccfuse_steady_ms);
+    if (has_fused(o)) dst.push_back(&rec.t_fused_steady_ms);
+    for (size_t p = 0; p < dst.size() && p < t_steady.size(); ++p)
+      *dst[p] = *std::max_element(t_steady[p].begin(), t_steady[p].end());
+  }
   double num = 0, den = 0;
   for (int r = 0; r < w; ++r) {
     num += err_num[size_t(r)];

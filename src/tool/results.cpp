@@ -294,6 +294,12 @@ std::string to_json_line(const BenchRecord& r) {
     if (!v.empty()) os << ",\"" << key << "\":" << json_quote(v);
   };
   opt_number("t_gemm_ccfuse_ms", r.t_gemm_ccfuse_ms);
+  opt_number("steady_ms", r.steady_ms);
+  opt_number("t_fused_steady_ms", r.t_fused_steady_ms);
+  opt_number("t_serial_steady_ms", r.t_serial_steady_ms);
+  opt_number("t_gemm_steady_ms", r.t_gemm_steady_ms);
+  opt_number("t_comm_steady_ms", r.t_comm_steady_ms);
+  opt_number("t_gemm_ccfuse_steady_ms", r.t_gemm_ccfuse_steady_ms);
   opt_number("tflops", r.tflops);
   opt_number("tflops_cublas", r.tflops_cublas);
   opt_number("pct_of_cublas", r.pct_of_cublas);

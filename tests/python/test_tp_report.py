@@ -110,6 +110,22 @@ class TpReportTest(unittest.TestCase):
                                    t_limit_ms=0.29, t_peer_ms=0.35, t_ccfuse_inproc_ms=0.35))
         self.assertEqual(r["verdict"], "miss: >=async-TP (1 proc)")
 
+    def test_steady_table(self):
+        # none of the records has steady times: no second table
+        self.assertEqual(tp_report.steady_table(self.records), "")
+        rec = dict(RECORDS[1], steady_ms=300, t_fused_steady_ms=0.36, t_serial_steady_ms=0.45,
+                   t_gemm_steady_ms=0.30, t_gemm_ccfuse_steady_ms=0.33, t_gemm_ms=0.26, t_gemm_ccfuse_ms=0.26)
+        md = tp_report.steady_table(self.records + [rec])
+        lines = md.strip().splitlines()
+        self.assertIn("for 300 ms", lines[0])
+        self.assertTrue(lines[2].startswith("| op | M | N | K | ccfuse fused (ms) |"))
+        self.assertEqual(len(lines), 5)  # title, blank, header, rule, one row
+        self.assertEqual(lines[4], "| gemm_rs | 8192 | 4096 | 6144 | 0.360 | 0.450 | 0.300 | 0.330 | 0.800 | "
+                                   "1.200 | 1.100 | 1.000 |")
+        # a missing part prints "-" and its ratios too
+        rec2 = dict(rec, t_gemm_ccfuse_steady_ms=None)
+        self.assertIn("| 0.300 | - | 0.800 | 1.200 | - | 1.000 |", tp_report.steady_table([rec2]))
+
     def test_main_outputs(self):
         md_path = os.path.join(self.tmp.name, "r.md")
         js_path = os.path.join(self.tmp.name, "r.json")
