@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -435,6 +435,20 @@ for l in open('$OUT/tp_w1.jsonl'):
     r = json.loads(l)
     print('%s %dx%dx%d fused/ours %.3f;' % (r['op'], r['m'], r['n'], r['k'], r['t_fused_ms'] / r['t_gemm_ccfuse_ms']), end=' ')
 " 2>/dev/null)")
+fi
+if [[ " $what " == *" gemm_steady "* ]]; then
+  # The engine's choice against the 128x256 TMA-store tile (CCFUSE_GEMM_TMA_STORE=1), each also
+  # back to back alone at the power cap (CCFUSE_BENCH_STEADY_MS, default 300 here), against
+  # cuBLASLt alike: the shapes where choose_config takes the 192, 224, 160 or 96 tile, and two
+  # where it takes 256 (controls). 2026-12-01: at W = 1 the TP kernels' 128x256 tile ran 5-8 %
+  # faster at the cap than the plain engine's 128x192 on the same GEMMs.
+  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-300}
+  gemm_ab gemm_steady CCFUSE_GEMM_TMA_STORE 1 \
+    "8192 3072 4096" "16384 3072 4096" "8192 14336 4096" "8192 1536 4096" "8192 768 4096" "8192 28672 8192" \
+    "8192 8192 4096" "8192 8192 14336" "8192 14336 8192" "16384 14336 8192" "8192 8192 2048" "8192 8192 7168" \
+    "8192 7168 8192" "8192 8192 1024" "4096 14336 4096" "4096 3072 4096" "1024 14336 4096" "1024 3584 4096" \
+    "1024 14336 8192" "4096 1280 8192" "1024 5120 8192" "1024 1536 4096" "8192 4096 7168" "4096 8192 14336"
+  summary+=("gemm steady: gemm_steady_summary.log")
 fi
 if [[ " $what " == *" gemm_tma "* ]]; then
   # The GEMM's TMA-store epilogue (the default since 2026-11-29) against the engine's choice and

@@ -5,7 +5,10 @@
       throughput as a percentage of the best cuBLASLt algorithm), per B layout
   SM-budget rows (sms < gpu_sms): ccfuse TFLOP/s relative to the full-chip row of the same
       problem, against the share of SMs kept (sms / gpu_sms; 1.0 = throughput scales with SMs)
-  --table: first one line per record: shape, layout, SMs, ccfuse and cuBLASLt TFLOP/s, %
+  --table: first one line per record: shape, layout, SMs, ccfuse and cuBLASLt TFLOP/s, %, and
+      "% steady" (pct_of_cublas_steady: each alone, back to back, at the power cap;
+      CCFUSE_BENCH_STEADY_MS) where the record has it
+  records with pct_of_cublas_steady get its geometric mean and minimum too
 
 A later record of the same (m, n, k, dtype, b_layout, sms) replaces an earlier one.
 Usage: python3 tools/summarize_gemm.py [--table] FILE.jsonl [FILE.jsonl ...]
@@ -68,10 +71,12 @@ def main():
         return 1
 
     if args.table:
-        print(f"{'m x n x k':>20} {'B':>2} {'dtype':>5} {'sms':>7} {'ccfuse':>8} {'cuBLASLt':>8} {'%':>6}  (TFLOP/s)")
+        print(f"{'m x n x k':>20} {'B':>2} {'dtype':>5} {'sms':>7} {'ccfuse':>8} {'cuBLASLt':>8} {'%':>6} "
+              f"{'% steady':>8}  (TFLOP/s)  config")
         for r in records:
             print(f"{shape(r):>20} {r['b_layout']:>2} {r.get('dtype', '?'):>5} {str(r['sms']) + '/' + str(r['gpu_sms']):>7} "
-                  f"{fmt(r.get('tflops')):>8} {fmt(r.get('tflops_cublas')):>8} {fmt(r.get('pct_of_cublas')):>6}")
+                  f"{fmt(r.get('tflops')):>8} {fmt(r.get('tflops_cublas')):>8} {fmt(r.get('pct_of_cublas')):>6} "
+                  f"{fmt(r.get('pct_of_cublas_steady')):>8}  {r.get('config', '')}")
         print()
 
     full = [r for r in records if r["sms"] >= r["gpu_sms"]]
@@ -83,6 +88,12 @@ def main():
         print(f"geomean pct_of_cublas {geomean([r['pct_of_cublas'] for r in rows]):.1f}% over {len(rows)} full-chip "
               f"b_layout={layout} shapes; min {worst['pct_of_cublas']:.1f}% at {shape(worst)} "
               f"({fmt(worst.get('tflops'))} vs {fmt(worst.get('tflops_cublas'))} TFLOP/s)")
+        steady = [r for r in rows if r.get("pct_of_cublas_steady")]
+        if steady:
+            worst = min(steady, key=lambda r: r["pct_of_cublas_steady"])
+            print(f"geomean pct_of_cublas_steady {geomean([r['pct_of_cublas_steady'] for r in steady]):.1f}% over "
+                  f"{len(steady)} of them (each alone, back to back, at the power cap); min "
+                  f"{worst['pct_of_cublas_steady']:.1f}% at {shape(worst)}")
 
     by_key = {key(r): r for r in records}
     budget = [r for r in records if r["sms"] < r["gpu_sms"]]

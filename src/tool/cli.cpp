@@ -664,4 +664,14 @@ int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream&
   return run_tool_with(argc, argv, out, err, GpuHooks{&count_gpus, &gpu_check, &gpu_bench, &gpu_gemm_config});
 }
 
+int bench_steady_ms() {
+  const char* v = std::getenv("CCFUSE_BENCH_STEADY_MS");
+  if (v == nullptr || !*v) return 0;
+  char* end = nullptr;
+  const long ms = std::strtol(v, &end, 10);
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && ms >= 0 && ms <= 10000, "CCFUSE_BENCH_STEADY_MS '", v,
+                   "' must be a number of milliseconds in [0, 10000]");
+  return int(ms);
+}
+
 }  // namespace ccfuse::tool

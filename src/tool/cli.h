@@ -90,8 +90,10 @@ struct BenchRecord {
   double t_gemm_ccfuse_ms = -1;
   // CCFUSE_BENCH_STEADY_MS > 0 (TP ops on GPUs): each variant back to back for about steady_ms,
   // alone (the GPU at its power cap), medians per run; written only when set.
+  // --op gemm: t_fused_steady_ms is ccfuse's, t_gemm_steady_ms cuBLASLt's, and pct_of_cublas_steady
+  // ccfuse's throughput as a percentage of cuBLASLt's, each back to back alone.
   double steady_ms = -1, t_fused_steady_ms = -1, t_serial_steady_ms = -1, t_gemm_steady_ms = -1,
-         t_comm_steady_ms = -1, t_gemm_ccfuse_steady_ms = -1;
+         t_comm_steady_ms = -1, t_gemm_ccfuse_steady_ms = -1, pct_of_cublas_steady = -1;
   // --op gemm (added fields; each is written to the JSON only when set, so the TP records keep
   // their shape): ccfuse and best-cuBLASLt throughput, ccfuse as a percentage of cuBLASLt, the
   // engine's config (gemm::to_string), B's layout, the SM budget used and the GPU's SM count,
@@ -110,6 +112,13 @@ struct BenchRecord {
   double tflops_baseline = -1, pct_of_baseline = -1, rel_err_baseline = -1;
 };
 std::string to_json_line(const BenchRecord& r);
+
+// CCFUSE_BENCH_STEADY_MS (default 0: off): the GPU benches also run each variant back to back for
+// about this long, alone, and record its median time per run (t_*_steady_ms). Interleaved, every
+// variant runs at the clock that the mix's average power allows; back to back, as the layers of a
+// training step do, the GPU sits at its 700 W cap and each variant at the clock its own power
+// allows (1.43-1.9 GHz measured 2026-12-01, docs/perf-notes.md). Throws on a bad value.
+int bench_steady_ms();
 
 // Backends. cpu_* run on the reference world; gpu_* exist only with CCFUSE_WITH_CUDA.
 CheckResult cpu_check(const Options& options, std::ostream& log);

@@ -282,22 +282,6 @@ int lead_us() {
   return int(us);
 }
 
-// CCFUSE_BENCH_STEADY_MS (default 0: off): after the interleaved rounds, each variant also runs
-// back to back for about this long, alone, and its median time per run is recorded
-// (t_*_steady_ms). Interleaved with a spin before each run, every variant runs at the clock that
-// the mix's average power allows (near 1.8-1.9 GHz on these shapes); back to back, as the layers
-// of a training step do, the GPU sits at its 700 W cap and each variant at the clock its own power
-// allows (1.43-1.9 GHz measured 2026-12-01, bench/results/2026-12-01-h200x2-tp-steady-35b6e5e.jsonl).
-int steady_ms() {
-  const char* v = std::getenv("CCFUSE_BENCH_STEADY_MS");
-  if (v == nullptr || !*v) return 0;
-  char* end = nullptr;
-  const long ms = std::strtol(v, &end, 10);
-  CCFUSE_ARG_CHECK(end != v && *end == 0 && ms >= 0 && ms <= 10000, "CCFUSE_BENCH_STEADY_MS '", v,
-                   "' must be a number of milliseconds in [0, 10000]");
-  return int(ms);
-}
-
 // The rank threads of run_local_world meet here (host side), e.g. to agree on a run count.
 class HostBarrier {
  public:
@@ -550,7 +534,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   std::vector<double> t_fused(static_cast<size_t>(w), -1.0), t_gemm_ours(static_cast<size_t>(w), -1.0);
   std::vector<double> err_num(static_cast<size_t>(w)), err_den(static_cast<size_t>(w));
   // Steady-state times (CCFUSE_BENCH_STEADY_MS), per part and rank, in the parts' order below.
-  const int steady = steady_ms();
+  const int steady = bench_steady_ms();
   std::vector<std::vector<double>> t_steady;
   HostBarrier host_barrier(w);
   cudaDeviceProp prop{};

@@ -300,6 +300,7 @@ std::string to_json_line(const BenchRecord& r) {
   opt_number("t_gemm_steady_ms", r.t_gemm_steady_ms);
   opt_number("t_comm_steady_ms", r.t_comm_steady_ms);
   opt_number("t_gemm_ccfuse_steady_ms", r.t_gemm_ccfuse_steady_ms);
+  opt_number("pct_of_cublas_steady", r.pct_of_cublas_steady);
   opt_number("tflops", r.tflops);
   opt_number("tflops_cublas", r.tflops_cublas);
   opt_number("pct_of_cublas", r.pct_of_cublas);
