@@ -67,13 +67,17 @@ def time_ms(fns, iters, warmup, group, lead_us=0):
 
 def time_steady_ms(fns, steady_ms, est_ms, rounds, group, sampler=None):
     """Each of fns back to back for ~steady_ms (a steady state: the GPU at its power cap, as in a
-    training step's layers), CUDA events between the calls, in turn for `rounds` rounds; medians of
+    training step's layers), CUDA events between the calls, in turn for `rounds` rounds (every other
+    one in reverse order); medians of
     the per-call times. est_ms: each fn's time from the interleaved rounds (sets the call count).
     With a sampler (rank 0), the median SM clock and power during each fn's runs as well."""
     times = [[] for _ in fns]
     clocks = [[] for _ in fns]
-    for _ in range(rounds):
-        for j, fn in enumerate(fns):
+    for rnd in range(rounds):
+        # Every other round in reverse order: the GPU warms over the rounds (a warmer GPU reaches a
+        # lower clock at the same power), which would otherwise favour the first fns.
+        for j in (range(len(fns)) if rnd % 2 == 0 else reversed(range(len(fns)))):
+            fn = fns[j]
             n = max(20, int(steady_ms / max(est_ms[j], 1e-3)))
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
             dist.barrier(group=group)

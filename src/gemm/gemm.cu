@@ -294,8 +294,12 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   //   stream-K      (whole-tile waves x k_tiles + ceil(cut iterations / CTAs) + fixup) / efficiency
   // Efficiencies measured against each other (docs/perf-notes.md): with the TMA-store epilogue
   // 128x256 1.0, 128x128 0.96 (2026-11-30: 93-97 % of cuBLASLt where its tiles fill the SMs) and
-  // 128x192 1.03 (2026-11-30: 0.92-1.10 of the model's wide-tile time on 8 shapes; its 4 stages
-  // against 3 keep the tensor cores fed better on long K); with the register epilogue (ldc not
+  // 128x192 0.99 (1.03 until 2026-12-01, from 0.92-1.10 of the model's wide-tile time on 8 shapes
+  // timed interleaved with cuBLASLt; back to back at the 700 W power cap, the way a training step
+  // runs, the 192 tile moves 17 % more bytes from L2 per FLOP and costs power: the sweep's
+  // 192-tile rows fell from 96.7 to 93.1 % of cuBLASLt there while the 256-tile rows held 95 %, and
+  // forced to 128x256 the multi-wave 192 shapes ran 0.95-1.00x the time at the cap and level
+  // interleaved, bench/results/2026-12-01-h200-gemm-*-35d7187*); with the register epilogue (ldc not
   // 16-byte aligned) 128x128 at 0.92 of 128x256. A cut tile's fixup (its partials through L2,
   // the last part's sum) is priced at 4 k-blocks, and stream-K would have to win by 5 % over
   // whole tiles to be chosen; it is not chosen at all while it measures slower (kPickStreamK).
@@ -316,7 +320,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape wide = tma_ok ? kTmaStoreShape : kTileShapes[0];
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
-  const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 1.03,
+  const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 0.99,
                eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};

@@ -2,12 +2,16 @@
 // only, bf16/fp16, --b-layout, --sms), what reaches the GPU side, and what it prints and records.
 // The bad inputs are in tool_test_util.h's table (both test_cli_parse and test_cli_run use it).
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "tool_test_util.h"
+#ifdef CCFUSE_WITH_CUDA
+#include "ccfuse/gemm/gemm.h"
+#endif
 
 namespace ccfuse::tool::testing {
 namespace {
@@ -145,6 +149,43 @@ TEST(ToolGemm, UsageDocumentsGemm) {
   for (const char* part : {"--op gemm", "--b-layout", "--sms", "fp16", "cuBLASLt", "GPU backend only"})
     EXPECT_CONTAINS(u, part);
 }
+
+#ifdef CCFUSE_WITH_CUDA
+// choose_config is host code (it needs a GPU only to count SMs when num_sms is 0): its tile
+// choice is checked here, in CI, on the prices of docs/gemm.md "Choosing a config".
+gemm::GemmConfig choice(int64_t m, int64_t n, int64_t k, gemm::BLayout layout = gemm::BLayout::kNK) {
+  return gemm::choose_config(gemm::make_desc(m, n, k, DType::kBFloat16, layout), 132);
+}
+
+TEST(ToolGemm, ChooseConfigPrices192TileForThePowerCap) {
+  // Multi-wave shapes where 192 columns fill the waves no better than 256 (within 1 %): 256, whose
+  // fewer L2 bytes per FLOP measured 0.95-1.00x the 192 tile's time at the 700 W cap (2026-12-01).
+  for (const auto& s : std::vector<std::array<int64_t, 3>>{{8192, 14336, 8192}, {4096, 3072, 4096},
+                                                          {8192, 28672, 8192}, {8192, 1536, 4096}}) {
+    const gemm::GemmConfig c = choice(s[0], s[1], s[2]);
+    EXPECT_EQ(c.block_n, 256) << s[0] << "x" << s[1] << "x" << s[2];
+    EXPECT_EQ(c.stages, 3);
+    EXPECT_EQ(c.cluster_m, 2);
+  }
+  // Where 192 fills the waves much better, it stays: 8192x768x4096 (256 tiles of 192 in 2 waves,
+  // 192 of 256 in 2 waves with half the work each: 1.17x the time with 256 at the cap) and the
+  // N = 8192 family (2752 tiles of 192 in 21 waves against 2048 of 256 in 16: 1.6 % better).
+  EXPECT_EQ(choice(8192, 768, 4096).block_n, 192);
+  EXPECT_EQ(choice(8192, 8192, 14336).block_n, 192);
+  // One-wave shapes keep the tiles shaped to the wave (160, 224, 96) and split-K.
+  EXPECT_EQ(choice(1024, 5120, 8192).block_n, 160);
+  EXPECT_EQ(choice(1024, 14336, 4096).block_n, 224);
+  EXPECT_EQ(choice(1024, 1536, 4096).block_n, 96);
+  EXPECT_EQ(choice(1024, 768, 4096).split_k, 2);
+  // B [K, N]: no 96/160/224 tiles (64-column swizzle atoms); 192 where it fills one wave.
+  EXPECT_EQ(choice(1024, 2560, 8192, gemm::BLayout::kKN).block_n, 192);
+  for (const auto& s : std::vector<std::array<int64_t, 3>>{{8192, 14336, 8192}, {8192, 768, 4096},
+                                                          {1024, 5120, 8192}, {1024, 2560, 8192}}) {
+    const gemm::GemmDesc d = gemm::make_desc(s[0], s[1], s[2], DType::kBFloat16, gemm::BLayout::kNK);
+    EXPECT_NO_THROW(gemm::validate(d, gemm::choose_config(d, 132)));
+  }
+}
+#endif
 
 #ifndef CCFUSE_WITH_CUDA
 TEST(ToolGemm, HostOnlyBuildRefusesGemmAsBadInput) {
