@@ -664,14 +664,16 @@ int run_tool(int argc, const char* const* argv, std::ostream& out, std::ostream&
   return run_tool_with(argc, argv, out, err, GpuHooks{&count_gpus, &gpu_check, &gpu_bench, &gpu_gemm_config});
 }
 
-int bench_steady_ms() {
-  const char* v = std::getenv("CCFUSE_BENCH_STEADY_MS");
-  if (v == nullptr || !*v) return 0;
+int env_int(const char* name, int fallback, int lo, int hi, const char* unit) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || !*v) return fallback;
   char* end = nullptr;
-  const long ms = std::strtol(v, &end, 10);
-  CCFUSE_ARG_CHECK(end != v && *end == 0 && ms >= 0 && ms <= 10000, "CCFUSE_BENCH_STEADY_MS '", v,
-                   "' must be a number of milliseconds in [0, 10000]");
-  return int(ms);
+  const long x = std::strtol(v, &end, 10);
+  CCFUSE_ARG_CHECK(end != v && *end == 0 && x >= lo && x <= hi, name, " '", v, "' must be a number of ", unit,
+                   " in [", lo, ", ", hi, "]");
+  return int(x);
 }
+
+int bench_steady_ms() { return env_int("CCFUSE_BENCH_STEADY_MS", 0, 0, 10000, "milliseconds"); }
 
 }  // namespace ccfuse::tool

@@ -119,6 +119,9 @@ std::string to_json_line(const BenchRecord& r);
 // training step do, the GPU sits at its 700 W cap and each variant at the clock its own power
 // allows (1.43-1.9 GHz measured 2026-12-01, docs/perf-notes.md). Throws on a bad value.
 int bench_steady_ms();
+// The integer environment variable `name`, or `fallback` where unset or empty; throws
+// InvalidArgument naming the variable, its value, the unit and [lo, hi] where it is not a number in range.
+int env_int(const char* name, int fallback, int lo, int hi, const char* unit);
 
 // Backends. cpu_* run on the reference world; gpu_* exist only with CCFUSE_WITH_CUDA.
 CheckResult cpu_check(const Options& options, std::ostream& log);

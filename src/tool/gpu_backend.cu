@@ -15,12 +15,12 @@
 #include <fstream>
 #include <functional>
 #include <cmath>
-#include <condition_variable>
 #include <mutex>
 #include <ostream>
 #include <random>
 
 #include "ccfuse/comm/team.h"
+#include "ccfuse/common/host_barrier.h"
 #include "ccfuse/tp/ag_gemm.h"
 #include "ccfuse/tp/gemm_rs.h"
 #include "ccfuse/tp/tuner.h"
@@ -272,37 +272,8 @@ __global__ void stamp_kernel(uint64_t* out) {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   *out = t;
 }
-int lead_us() {
-  const char* v = std::getenv("CCFUSE_BENCH_LEAD_US");
-  if (v == nullptr || !*v) return 100;
-  char* end = nullptr;
-  const long us = std::strtol(v, &end, 10);
-  CCFUSE_ARG_CHECK(end != v && *end == 0 && us >= 0 && us <= 10000, "CCFUSE_BENCH_LEAD_US '", v,
-                   "' must be a number of microseconds in [0, 10000]");
-  return int(us);
-}
+int lead_us() { return env_int("CCFUSE_BENCH_LEAD_US", 100, 0, 10000, "microseconds"); }
 
-// The rank threads of run_local_world meet here (host side), e.g. to agree on a run count.
-class HostBarrier {
- public:
-  explicit HostBarrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return gen_ != gen; });
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
 
 struct RankState {
   Team& team;
@@ -598,7 +569,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
       // the second in reverse order (the GPU warms over the rounds, and a warmer GPU reaches a
       // lower clock at the same power); the mean of each part's two medians.
       if (r == 0) t_steady.assign(parts.size(), std::vector<double>(size_t(w), 0.0));
-      host_barrier.wait();
+      host_barrier.arrive_and_wait();
       for (size_t q = 0; q < 2 * parts.size(); ++q) {
         const size_t p = q < parts.size() ? q : 2 * parts.size() - 1 - q;
         const double slowest = *std::max_element(parts[p].medians->begin(), parts[p].medians->end());

@@ -4,8 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <condition_variable>
-#include <mutex>
+#include "ccfuse/common/host_barrier.h"
+
 #include <numeric>
 #include <vector>
 
@@ -26,27 +26,8 @@ inline std::vector<int> all_devices() {
   return d;
 }
 
-// Host-side meeting point for the rank threads of one test (C++17 has no std::barrier).
-class HostBarrier {
- public:
-  explicit HostBarrier(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
+// Host-side meeting point for the rank threads of one test.
+using ccfuse::HostBarrier;
 
 }  // namespace ccfuse::testing
 

@@ -195,6 +195,57 @@ TEST(ToolJson, OverlapEfficiencyKeepsItsSignAndIsNullWithoutRoom) {
   EXPECT_NEAR(speedup_of(r), 3.122 / 4.0, 1e-12);
 }
 
+TEST(ToolJson, SteadyTimesOnlyWhenMeasured) {
+  BenchRecord r = sample_record();
+  auto j = read_json(to_json_line(r));
+  for (const char* key : {"steady_ms", "t_fused_steady_ms", "t_serial_steady_ms", "t_gemm_steady_ms",
+                          "t_comm_steady_ms", "t_gemm_ccfuse_steady_ms", "pct_of_cublas_steady"})
+    EXPECT_EQ(j.count(key), 0u) << key;  // the records of runs without CCFUSE_BENCH_STEADY_MS keep their shape
+  r.steady_ms = 300;
+  r.t_fused_steady_ms = 0.36;
+  r.t_serial_steady_ms = 0.43;
+  r.t_gemm_steady_ms = 0.30;
+  r.t_comm_steady_ms = 0.2;
+  r.t_gemm_ccfuse_steady_ms = 0.31;
+  r.pct_of_cublas_steady = 96.5;
+  j = read_json(to_json_line(r));
+  EXPECT_EQ(j.at("steady_ms").number, 300);
+  EXPECT_NEAR(j.at("t_fused_steady_ms").number, 0.36, 1e-12);
+  EXPECT_NEAR(j.at("t_serial_steady_ms").number, 0.43, 1e-12);
+  EXPECT_NEAR(j.at("t_gemm_steady_ms").number, 0.30, 1e-12);
+  EXPECT_NEAR(j.at("t_comm_steady_ms").number, 0.2, 1e-12);
+  EXPECT_NEAR(j.at("t_gemm_ccfuse_steady_ms").number, 0.31, 1e-12);
+  EXPECT_NEAR(j.at("pct_of_cublas_steady").number, 96.5, 1e-12);
+}
+
+TEST(ToolEnv, IntegerVariablesAreCheckedAndNamed) {
+  const char* name = "CCFUSE_TEST_ENV_INT";
+  unsetenv(name);
+  EXPECT_EQ(env_int(name, 7, 0, 100, "widgets"), 7);
+  setenv(name, "", 1);
+  EXPECT_EQ(env_int(name, 7, 0, 100, "widgets"), 7);
+  setenv(name, "42", 1);
+  EXPECT_EQ(env_int(name, 7, 0, 100, "widgets"), 42);
+  for (const char* bad : {"101", "-1", "4x", "x"}) {
+    setenv(name, bad, 1);
+    try {
+      env_int(name, 7, 0, 100, "widgets");
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("CCFUSE_TEST_ENV_INT '") + bad +
+                                           "' must be a number of widgets in [0, 100]");
+    }
+  }
+  unsetenv(name);
+  // The two benches' variables go through it.
+  setenv("CCFUSE_BENCH_STEADY_MS", "20000", 1);
+  EXPECT_THROW(bench_steady_ms(), InvalidArgument);
+  setenv("CCFUSE_BENCH_STEADY_MS", "300", 1);
+  EXPECT_EQ(bench_steady_ms(), 300);
+  unsetenv("CCFUSE_BENCH_STEADY_MS");
+  EXPECT_EQ(bench_steady_ms(), 0);
+}
+
 TEST(ToolJson, StringsAreEscaped) {
   EXPECT_EQ(json_quote("plain"), "\"plain\"");
   EXPECT_EQ(json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
