@@ -58,6 +58,7 @@
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/common/dtype.h"
 #include "ccfuse/common/error.h"
+#include "ccfuse/common/host_barrier.h"
 #include "ccfuse/gemm/gemm.h"
 #include "ccfuse/moe/moe_ffn.h"
 #include "ccfuse/moe/moe_tuner.h"
@@ -315,36 +316,6 @@ std::vector<std::vector<double>> reference(const Geometry& g, int rank, const st
 
 // ---- host-side coordination of the rank threads ---------------------------------------------
 
-// A reusable barrier of the rank threads; abort() wakes everyone with an exception (a rank that
-// failed must not leave the others waiting forever).
-class HostBarrier {
- public:
-  explicit HostBarrier(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (aborted_) throw Error("moe_ffn_bench: another rank failed");
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen || aborted_; });
-    if (gen_ == gen) throw Error("moe_ffn_bench: another rank failed");
-  }
-  void abort() {
-    std::lock_guard<std::mutex> lock(mu_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-  bool aborted_ = false;
-};
 
 enum Variant { kFused, kLayer0, kLayer1, kGrouped, kGrouped0, kGrouped1, kVariants };
 const char* const kVariantNames[kVariants] = {"t_fused", "t_layer0", "t_layer1", "t_grouped_ccfuse",
@@ -554,7 +525,7 @@ int main(int argc, char** argv) {
               args.iters, args.warmup, args.sample);
   std::fflush(stdout);
 
-  HostBarrier host_barrier(world);
+  HostBarrier host_barrier(world, "moe_ffn_bench: another rank failed");
   std::vector<RankResult> results(static_cast<size_t>(world));
   int failed = 0, cases_done = 0;
   try {

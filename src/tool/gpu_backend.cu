@@ -13,6 +13,7 @@
 #include <string>
 #include <cstdlib>
 #include <fstream>
+#include <exception>
 #include <functional>
 #include <cmath>
 #include <mutex>
@@ -507,7 +508,7 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
   // Steady-state times (CCFUSE_BENCH_STEADY_MS), per part and rank, in the parts' order below.
   const int steady = bench_steady_ms();
   std::vector<std::vector<double>> t_steady;
-  HostBarrier host_barrier(w);
+  HostBarrier host_barrier(w, "gpu bench: another rank failed");
   cudaDeviceProp prop{};
   CCFUSE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int lead = lead_us();
@@ -517,6 +518,14 @@ BenchRecord gpu_bench(const Options& o, std::ostream& log) {
 
   comm::run_local_world(devices_for(o), [&](Team& team) {
     const int r = team.rank();
+    // A rank that throws wakes the others at the host barrier (the steady runs) with an Error.
+    struct AbortOnThrow {
+      HostBarrier& barrier;
+      int before = std::uncaught_exceptions();
+      ~AbortOnThrow() {
+        if (std::uncaught_exceptions() > before) barrier.abort();
+      }
+    } abort_on_throw{host_barrier};
     RankState st(team, o, num_sets);
     const auto a_host = rank_input(o, r, 0, size_t(s.a_rows * s.a_cols));
     const auto b_host = rank_input(o, r, 1, size_t(s.gemm_k * o.n));
