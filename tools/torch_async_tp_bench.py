@@ -19,6 +19,10 @@ process on the same tensors and is timed in the same rounds as async-TP and torc
 gets t_ccfuse_inproc_ms and rel_diff_vs_peer (||ours - async-TP|| / ||async-TP|| on this rank's
 output), the head-to-head that does not depend on two processes' clocks.
 
+With --steady-ms N, each op (async-TP, torch.mm, ccfuse, and serial NCCL + torch.mm) also runs
+back to back for ~N ms, alone, two rounds in opposite orders: the GPU at its 700 W power cap, as
+in a training step (t_*_steady_ms, and the SM clock and power sampled by nvidia-smi on rank 0).
+
 NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is set here if unset).
 """
 import argparse
@@ -68,8 +72,8 @@ def time_ms(fns, iters, warmup, group, lead_us=0):
 def time_steady_ms(fns, steady_ms, est_ms, rounds, group, sampler=None):
     """Each of fns back to back for ~steady_ms (a steady state: the GPU at its power cap, as in a
     training step's layers), CUDA events between the calls, in turn for `rounds` rounds (every other
-    one in reverse order); medians of
-    the per-call times. est_ms: each fn's time from the interleaved rounds (sets the call count).
+    one in reverse order); medians of the per-call times. est_ms: each fn's time from the
+    interleaved rounds, the same on every rank (sets the call count: each call is a collective).
     With a sampler (rank 0), the median SM clock and power during each fn's runs as well."""
     times = [[] for _ in fns]
     clocks = [[] for _ in fns]
