@@ -11,7 +11,7 @@ of one process, and beside it, in turn:
   peer        one copy-engine copy of X bytes to the other GPU per GEMM, started with it (both
               GPUs: both directions, as in the fused ops); X = the fused op's bytes per rank
   local       the same bytes copied inside the GPU (the same HBM reads and writes, no link)
-  peer_cont   peer copies back to back, as fast as the link goes (the worst case)
+  peer_cont   one copy per GEMM of more bytes than the link moves in its time (the link always busy)
 Per condition: the GEMM's median time (CUDA events around each), and the SM clock, power and
 clock-event reasons sampled by nvidia-smi every 20 ms during it. If `peer` slows the GEMM with
 the clock down by as much, the cost is power; with the clock unchanged, the memory system.
@@ -87,9 +87,9 @@ class Sampler:
         self.proc.terminate()
 
 
-def run_condition(cond, tensors, streams, side, iters, n_cont=4):
+def run_condition(cond, tensors, streams, side, iters):
     """Each GPU: iters mm's on its main stream, events around each; copies on its side stream
-    (peer_cont: n_cont ungated copies per GEMM, more than the link moves in one)."""
+    (peer_cont: one ungated copy of tx_big per GEMM, more bytes than the link moves in one)."""
     ngpu = len(tensors)
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
               for _ in range(ngpu)]
@@ -120,9 +120,10 @@ def run_condition(cond, tensors, streams, side, iters, n_cont=4):
                     with torch.cuda.stream(side[g]):
                         t["rx_local"].copy_(t["tx"], non_blocking=True)
                 elif cond == "peer_cont":
+                    # One copy of n_cont x the bytes per GEMM, not n_cont copies: the host could not
+                    # queue that many launches per GEMM (2026-12-01: the GPU idled between them).
                     with torch.cuda.stream(side[g]):
-                        for _ in range(n_cont):
-                            tensors[peer]["rx"].copy_(t["tx"], non_blocking=True)
+                        tensors[peer]["rx_big"].copy_(t["tx_big"], non_blocking=True)
     for g in range(ngpu):
         with torch.cuda.device(g):
             torch.cuda.synchronize()
@@ -164,17 +165,23 @@ def main():
                 "rx": torch.empty(nbytes // 2, device=dev, dtype=torch.bfloat16),
                 "rx_local": torch.empty(nbytes // 2, device=dev, dtype=torch.bfloat16),
             })
+        for g in range(ngpu):  # filled below, once the copy count per GEMM is known
+            tensors[g]["tx_big"] = tensors[g]["rx_big"] = tensors[g]["tx"]
         # Iterations for ~seconds of GEMMs, from one timed warm-up.
         run_condition("alone", tensors, streams, side, 20)
         t_one = run_condition("alone", tensors, streams, side, 50)[0]
         iters = max(50, int(args.seconds * 1e3 / t_one))
         # Enough copies per GEMM to keep the link (~390 GB/s one way) busy through it.
         n_cont = max(1, int(1.2 * t_one * 1e-3 * 390e9 / nbytes + 0.999))
+        for g in range(ngpu):
+            dev = torch.device(f"cuda:{g}")
+            tensors[g]["tx_big"] = torch.randn(n_cont * nbytes // 2, device=dev, dtype=torch.bfloat16)
+            tensors[g]["rx_big"] = torch.empty(n_cont * nbytes // 2, device=dev, dtype=torch.bfloat16)
         results = {}
         for _ in range(args.rounds):
             for cond in ("alone", "peer", "local", "peer_cont"):
                 t0 = time.time()
-                ts = run_condition(cond, tensors, streams, side, iters, n_cont)
+                ts = run_condition(cond, tensors, streams, side, iters)
                 t1 = time.time()
                 # The first 100 ms: the queue still filling and the clock settling.
                 for g in range(ngpu):
