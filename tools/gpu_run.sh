@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -48,7 +48,7 @@ gemm_ab() {
         --json "$OUT/$name.jsonl" < /dev/null >> "$OUT/$name.log" 2>&1 || status=1
     done
   done
-  python3 tools/summarize_gemm.py --table "$OUT/$name.jsonl" 2>&1 | tee "$OUT/${name}_summary.log"
+  python3 tools/summarize_gemm.py --table --all "$OUT/$name.jsonl" 2>&1 | tee "$OUT/${name}_summary.log"
 }
 if [[ " $what " == *" tests_only "* ]]; then
   # The GPU tests matching CCFUSE_TEST_FILTER alone, 120 s at most: a first check of new cases
@@ -435,6 +435,16 @@ for l in open('$OUT/tp_w1.jsonl'):
     r = json.loads(l)
     print('%s %dx%dx%d fused/ours %.3f;' % (r['op'], r['m'], r['n'], r['k'], r['t_fused_ms'] / r['t_gemm_ccfuse_ms']), end=' ')
 " 2>/dev/null)")
+fi
+if [[ " $what " == *" gemm_n64 "* ]]; then
+  # The 64-column TMA-store tile (CCFUSE_GEMM_TILE_N=64, opt-in, written 2026-12-01) against the
+  # engine's choice on the one-wave shapes where cuBLASLt takes 64-, 80- or 96-column tiles, each
+  # also back to back at the power cap. Predicted: 1024x768x4096 (split-K 2 of 128x128 now, 79-82 %
+  # of cuBLASLt) to ~90 %; the others slower (their 64-column tiles take two waves).
+  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-200}
+  gemm_ab gemm_n64 CCFUSE_GEMM_TILE_N 64 "1024 768 4096" "1024 768 8192" "2048 768 4096" "1024 1536 4096" \
+    "1024 1280 8192" "4096 4096 4096"
+  summary+=("gemm n64: gemm_n64_summary.log")
 fi
 if [[ " $what " == *" gemm_steady "* ]]; then
   # The engine's choice against the 128x256 TMA-store tile (CCFUSE_GEMM_TMA_STORE=1), each also

@@ -10,8 +10,10 @@
       CCFUSE_BENCH_STEADY_MS) where the record has it
   records with pct_of_cublas_steady get its geometric mean and minimum too
 
-A later record of the same (m, n, k, dtype, b_layout, sms) replaces an earlier one.
-Usage: python3 tools/summarize_gemm.py [--table] FILE.jsonl [FILE.jsonl ...]
+A later record of the same (m, n, k, dtype, b_layout, sms) replaces an earlier one, except with
+--all (A/B runs, tools/gpu_run.sh gemm_ab: each shape's default and variant rows in turn, both
+in the table and the means).
+Usage: python3 tools/summarize_gemm.py [--table] [--all] FILE.jsonl [FILE.jsonl ...]
 """
 import argparse
 import json
@@ -21,7 +23,7 @@ import sys
 DEFAULT_SMS = 132  # H200/H100 SXM, for records written before gpu_sms existed
 
 
-def load(paths):
+def load(paths, keep_all=False):
     records = {}
     for path in paths:
         with open(path) as f:
@@ -40,7 +42,7 @@ def load(paths):
                 if r.get("sms") is None:
                     r["sms"] = r["gpu_sms"]
                 r.setdefault("b_layout", "nk")
-                records[key(r)] = r
+                records[(len(records),) if keep_all else key(r)] = r
     return list(records.values())
 
 
@@ -64,8 +66,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+")
     parser.add_argument("--table", action="store_true", help="print one line per record first")
+    parser.add_argument("--all", action="store_true", help="keep every record (A/B runs), not the last per problem")
     args = parser.parse_args()
-    records = load(args.files)
+    records = load(args.files, args.all)
     if not records:
         print("no gemm records")
         return 1

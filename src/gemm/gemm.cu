@@ -58,6 +58,12 @@ constexpr TileShape kTmaStoreN96Shape = {128, 96, 64, 7};
 // 224: 3 x 44 KiB + 56 KiB = 188 KiB (4 stages would need 232 KiB). choose_config's prices for
 // them: below.
 constexpr TileShape kTmaStoreN160Shape = {128, 160, 64, 5};
+// The 64-column TMA-store tile (written 2026-12-01, opt-in: not measured yet, so choose_config
+// does not take it): cuBLASLt's tile on our slowest one-wave shape (1024x768x4096: 96 tiles of
+// 128x64, docs/gemm.md item 8), where we cut 128x128 tiles along K instead. One 128-byte swizzle
+// box per operand row and per store sub-tile, so both B layouts. 8 stages: 8 x 24 KiB of A/B +
+// 16 KiB of C staging = 208 KiB.
+constexpr TileShape kTmaStoreN64Shape = {128, 64, 64, 8};
 constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
 
 template <class Traits>
@@ -159,7 +165,7 @@ template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK, bool kPi
 void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
   if (cfg.cluster_n == 2) {
     // Pairs along N: built for the narrow TMA-store tiles only (validate says so first).
-    if constexpr (kTma && !kPingpong && BN <= 128) {
+    if constexpr (kTma && !kPingpong && (BN == 128 || BN == 96)) {
       launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, false, true>>(d, cfg, a, b, c, s);
     } else {
       CCFUSE_ARG_CHECK(false, "cluster_n 2 is not built for the ", BM, "x", BN, " tile");
@@ -195,6 +201,8 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 96)
     launch_layout<E, 128, 96, 64, kTmaStoreN96Shape.stages, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 64)
+    launch_layout<E, 128, 64, 64, kTmaStoreN64Shape.stages, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 160)
     launch_layout<E, 128, 160, 64, kTmaStoreN160Shape.stages, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 224)
@@ -240,10 +248,11 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   };
   if (cfg.tma_store) {
     known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
-            same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape);
+            same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape) ||
+            same(kTmaStoreN64Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
                      " stages is not built with tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, "
-                     "128x160x64/5, 128x128x64/5, 128x96x64/7)");
+                     "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)");
     // B [K, N] is loaded in swizzle atoms 64 columns wide (sm90::Traits::SmemLayoutB).
     CCFUSE_ARG_CHECK(cfg.block_n % 64 == 0 || d.b_layout == BLayout::kNK, "tile ", cfg.block_m, "x", cfg.block_n,
                      " needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which do not "

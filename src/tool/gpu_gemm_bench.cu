@@ -198,6 +198,7 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=128   128x128x64/5 whole tiles (what cuBLASLt takes for K <= 1024)
 //   CCFUSE_GEMM_PINGPONG=1   128x128x64/5 whole tiles with ping-pong consumers (GemmConfig::pingpong)
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
+//   CCFUSE_GEMM_TILE_N=64    128x64x64/8 whole tiles (opt-in, 2026-12-01: not measured yet)
 //   CCFUSE_GEMM_TILE_N=160   128x160x64/5 whole tiles (B [N, K] only)
 //   CCFUSE_GEMM_TILE_N=224   128x224x64/3 whole tiles (B [N, K] only)
 //   CCFUSE_GEMM_CLUSTER_N=2  with TILE_N=128 or 96: CTA pairs along N sharing A (GemmConfig::cluster_n)
@@ -226,6 +227,7 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TMA_STORE") == "1") force(256, 3, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "192") force(192, 4, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "96") force(96, 7, false, 1, pairs);
+  if (env("CCFUSE_GEMM_TILE_N") == "64") force(64, 8, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "160") force(160, 5, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "224") force(224, 3, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "128") force(128, 5, false, 1, pairs);

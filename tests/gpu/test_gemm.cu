@@ -25,7 +25,7 @@ struct Case {
   int64_t m, n, k;
   DType dtype;
   BLayout layout;
-  int block_n;      // 256 or 128 (192, 96, 160, 224: TMA-store only); 0 = choose_config
+  int block_n;      // 256 or 128 (192, 96, 160, 224, 64: TMA-store only); 0 = choose_config
   int num_sms;      // 0 = all
   bool col_major;
   int cluster = 0;  // 1 or 2; 0 = choose_config's
@@ -140,10 +140,10 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
       cfg.stream_k = false;
     }
     // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages); 96, 160 and
-    // 224: B [N, K] only (7, 5 and 3 stages)
+    // 224: B [N, K] only (7, 5 and 3 stages); 64: 8 stages, both layouts
     const int n = c.block_n;
-    cfg.block_n = n == 128 || n == 192 || n == 96 || n == 160 || n == 224 ? n : 256;
-    cfg.stages = n == 128 || n == 160 ? 5 : n == 192 ? 4 : n == 96 ? 7 : 3;
+    cfg.block_n = n == 128 || n == 192 || n == 96 || n == 160 || n == 224 || n == 64 ? n : 256;
+    cfg.stages = n == 128 || n == 160 ? 5 : n == 192 ? 4 : n == 96 ? 7 : n == 64 ? 8 : 3;
     cfg.tma_store = true;
   }
   cfg.pingpong = c.pingpong;
@@ -254,6 +254,18 @@ std::vector<Case> cases() {
   out.push_back({1024, 5120, 8192, DType::kBFloat16, BLayout::kNK, 160, 0, false, 2, true});
   out.push_back({1024, 3584, 4096, DType::kBFloat16, BLayout::kNK, 224, 0, false, 2, true});
   out.push_back({1024, 3584, 4096, DType::kFloat16, BLayout::kNK, 224, 0, false, 1, true});
+  // The 64-column TMA-store tile (opt-in, written 2026-12-01): partial tiles (1000 = 15 x 64 + 40
+  // columns, 1000 = 7 x 128 + 104 rows), M < 64, both layouts and dtypes, clusters, an SM budget in
+  // column order, and the one-wave shape it is meant for (1024x768x4096: 96 tiles).
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (BLayout l : {BLayout::kNK, BLayout::kKN})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 1000, 520, t, l, 64, 0, false, cl, true});
+        out.push_back({48, 200, 24, t, l, 64, 0, false, cl, true});
+      }
+  out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, 64, 7, true, 2, true});  // 7 SMs: 3 pairs
+  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 64, 0, false, 2, true});
+  out.push_back({1024, 768, 4096, DType::kFloat16, BLayout::kKN, 64, 0, false, 1, true});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
   // shape with fewer tiles than SMs (1024x768x4096).

@@ -104,6 +104,24 @@ TEST(GemmStoreSwizzle, N96TileShape) {
   EXPECT_EQ(T::kSmemBytes, size_t(221 * 1024)) << "7 x 28 KiB of A/B + 24 KiB of C staging, barriers in the padding";
 }
 
+// The 64-column tile (opt-in, 2026-12-01): one 64-column sub-tile (128-byte swizzle), both B
+// layouts, one wgmma of n = 64 per k-step (32 accumulators per consumer thread), 8 stages within
+// the 227 KiB of a CTA: 8 x 24 KiB of A/B + 16 KiB of C staging.
+TEST(GemmStoreSwizzle, N64TileMatchesCute) {
+  using T = Traits<Bf16, 128, 64, 64, 8, true, 2, true>;
+  using Tkn = Traits<Fp16, 128, 64, 64, 8, false, 1, true>;
+  static_assert(T::kStoreCols == 64 && T::kStoreRowBytes == 128, "one 64-column box, 128-byte swizzle");
+  check_staging_addresses<T>();
+  check_staging_addresses<Tkn>();
+  check_stmatrix_addresses<T>();
+  static_assert(size<1>(typename MMA_Traits<typename T::MmaOp>::Shape_MNK{}) == 64, "wgmma n64");
+  static_assert(size<1>(typename MMA_Traits<typename Tkn::MmaOp>::Shape_MNK{}) == 64, "wgmma n64 (B [K, N])");
+  using Accum = decltype(partition_fragment_C(typename T::TiledMma{}, Shape<Int<128>, Int<64>>{}));
+  static_assert(decltype(size(typename Accum::layout_type{}))::value == 32, "32 accumulators per consumer thread");
+  EXPECT_LE(T::kSmemBytes, size_t(232448));
+  EXPECT_LE(Tkn::kSmemBytes, size_t(232448));
+}
+
 // The 160- and 224-column tiles: 5 and 7 sub-tiles of 32 columns (64-byte swizzle) as 96, one
 // wgmma of n = 160 / 224 per k-step (80 / 112 accumulators per consumer thread), within the 227
 // KiB of a CTA: 5 x 36 KiB + 40 KiB and 3 x 44 KiB + 56 KiB.
