@@ -634,7 +634,7 @@ TEST(GemmValidation, TmaStoreRules) {
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, "
-                           "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7)");
+                           "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)");
   }
   cfg.stages = 3;
   const GroupedGemmDesc g = two_groups(256, 128);
@@ -694,7 +694,7 @@ void expect_nk_only_tile_rules(int bn, int stages) {
   other.stages = stages - 1;  // only `stages` is built
   expect_invalid(d, other, detail::str_cat("tile 128x", bn, "x64 with ", stages - 1, " stages is not built with ",
                                            "tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, ",
-                                           "128x160x64/5, 128x128x64/5, 128x96x64/7)").c_str());
+                                           "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)").c_str());
   other = cfg;
   other.tma_store = false;  // registers: not built
   EXPECT_THROW(validate(d, other), InvalidArgument);
@@ -713,6 +713,37 @@ TEST(GemmValidation, N96TileRules) {
         << m << "x" << n;
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132).block_n, 96) << m << "x" << n;
   }
+}
+
+// The 64-column TMA-store tile (opt-in, 2026-12-01): whole tiles of either B layout in clusters of
+// 1 or 2, 8 stages only; not split-K, CTA pairs along N or grouped; never chosen until measured.
+TEST(GemmValidation, N64TileRules) {
+  for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
+    GemmDesc d = make_desc(1024, 768, 4096, DType::kBFloat16, l);
+    GemmConfig cfg{128, 64, 64, 8};
+    cfg.tma_store = true;
+    EXPECT_NO_THROW(validate(d, cfg));
+    cfg.cluster_m = 2;
+    d.dtype = DType::kFloat16;
+    EXPECT_NO_THROW(validate(d, cfg));
+    EXPECT_EQ(to_string(cfg), "block=128x64x64 stages=8 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store");
+    GemmConfig other = cfg;
+    other.stages = 7;
+    expect_invalid(d, other, "tile 128x64x64 with 7 stages is not built with tma_store (built: 128x256x64/3, "
+                             "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)");
+    other = cfg;
+    other.cluster_m = 1;
+    other.split_k = 2;
+    expect_invalid(d, other, "split_k > 1 with tma_store is built for the 128x128x64/5 tile");
+    other = cfg;
+    other.cluster_m = 1;
+    other.cluster_n = 2;
+    expect_invalid(d, other, "cluster_n 2 is built for whole tiles of the 128x128x64/5 and 128x96x64/7 tiles with "
+                             "tma_store, not 128x64x64/8");
+  }
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 768, 4096}, {1024, 1536, 4096},
+                                {8192, 768, 4096}})
+    EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n, 64) << m << "x" << n;
 }
 
 // The 160- and 224-column TMA-store tiles: whole tiles of B [N, K] in clusters of 1 or 2 (32-column
