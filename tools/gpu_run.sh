@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_fixed] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -445,6 +445,39 @@ if [[ " $what " == *" gemm_n64 "* ]]; then
   gemm_ab gemm_n64 CCFUSE_GEMM_TILE_N 64 "1024 768 4096" "1024 768 8192" "2048 768 4096" "1024 1536 4096" \
     "1024 1280 8192" "4096 4096 4096"
   summary+=("gemm n64: gemm_n64_summary.log")
+fi
+if [[ " $what " == *" gemm_fixed "* ]]; then
+  # The fixed cost per launch (2026-12-01): on 1024x4096xK (one wave of 128x256 tiles) ccfuse
+  # trails cuBLASLt by a constant 2.3-2.8 us from K = 512 to 3584 (same slope), which is 10-20 % of
+  # the one-wave shapes' time. K sweep down to one k-block, then ncu's kernel durations (caches
+  # and clocks left alone) of ours and cuBLASLt's on two shapes: whether the 2.5 us is inside the
+  # kernel or between kernels.
+  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-100}
+  : > "$OUT/gemm_fixed.jsonl"; : > "$OUT/gemm_fixed.log"
+  for shape in "1024 4096 64" "1024 4096 128" "1024 4096 256" "1024 4096 512" "1024 4096 1024" "1024 4096 2048" \
+               "1024 1536 64" "1024 1536 512" "1024 1536 4096" "1024 768 64" "1024 768 4096" "8192 8192 64"; do
+    set -- $shape
+    timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 20 \
+      --json "$OUT/gemm_fixed.jsonl" < /dev/null >> "$OUT/gemm_fixed.log" 2>&1 || status=1
+  done
+  set --
+  python3 tools/summarize_gemm.py --table --all "$OUT/gemm_fixed.jsonl" 2>&1 | tee "$OUT/gemm_fixed_summary.log"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  echo "ncu: ${NCU:-none}; nsys: $(command -v nsys || echo none)" | tee "$OUT/gemm_fixed_ncu.log"
+  if [ -n "$NCU" ]; then
+    for v in "4096 512 gemm_kernel" "4096 512 nvjet" "1536 4096 gemm_kernel" "1536 4096 nvjet" "4096 64 gemm_kernel" "4096 64 nvjet"; do
+      set -- $v
+      echo "==== m=1024 n=$1 k=$2 kernel=$3" >> "$OUT/gemm_fixed_ncu.log"
+      CCFUSE_BENCH_STEADY_MS=0 timeout 120 $NCU --clock-control none --cache-control none --kernel-name regex:$3 --launch-skip 40 --launch-count 6 \
+        --metrics gpu__time_duration.sum,sm__cycles_active.avg,smsp__cycles_active.avg,gpc__cycles_elapsed.max \
+        $BIN/ccfuse bench --op gemm --m 1024 --n $1 --k $2 --dtype bf16 --iters 20 < /dev/null \
+        >> "$OUT/gemm_fixed_ncu.log" 2>&1 || status=1
+    done
+    set --
+    grep -E "^====|gpu__time_duration|sm__cycles_active|gpc__cycles|  nvjet|gemm_kernel<" "$OUT/gemm_fixed_ncu.log" \
+      | sed -E 's/\(.*//' | head -n 200 > "$OUT/gemm_fixed_ncu_summary.log"
+  fi
+  summary+=("gemm fixed cost: gemm_fixed_summary.log gemm_fixed_ncu_summary.log")
 fi
 if [[ " $what " == *" gemm_steady "* ]]; then
   # The engine's choice against the 128x256 TMA-store tile (CCFUSE_GEMM_TMA_STORE=1), each also
