@@ -30,7 +30,6 @@
 #include <cuda/atomic>
 
 #include <atomic>
-#include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -501,9 +500,6 @@ struct Params {
   int num_groups;
   Element* c;
   int64_t ldc;
-  // Thread 0 prefetches the TMA descriptors at entry (prefetch.tensormap), so that their first
-  // use does not wait for the descriptor fetch. 0 only for the A/B (CCFUSE_GEMM_TMA_PREFETCH=0).
-  int prefetch_tma = 1;
 };
 
 // Stores a consumer warpgroup's accumulators through the epilogue, rounding to Element.
@@ -1173,19 +1169,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(Traits::kThreads != 384 || 128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168),
                 "register hand-over must balance");
   const int warp_group = threadIdx.x / 128;
-  if (threadIdx.x == 0 && p.prefetch_tma != 0) {
-    // Before the barrier set-up and the cluster sync, so that the fetches overlap them: without
-    // it, the first TMA load of the tile and the first TMA store of the epilogue each wait for
-    // their descriptor (2026-12-01: ncu, one-wave shapes ~1-2 us slower than cuBLASLt's kernel
-    // at equal slope in K).
-    cute::prefetch_tma_descriptor(tma_a.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tma_b.get_tma_descriptor());
-    if constexpr (HasAltA<Schedule>::value) cute::prefetch_tma_descriptor(tma_a_alt.get_tma_descriptor());
-    if constexpr (Traits::kTmaStore) {
-      cute::prefetch_tma_descriptor(tma_c.get_tma_descriptor());
-      if constexpr (HasTmaAltC<Epilogue>::value) cute::prefetch_tma_descriptor(tma_c_alt.get_tma_descriptor());
-    }
-  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       // The producer's arrive_and_expect_tx; with gathered A also one cp.async arrival per lane of
@@ -1704,12 +1687,6 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                        : make_tma_copy(SM90_TMA_STORE{}, Traits::gmem_c(static_cast<E*>(c_alt), c_alt_rows, out_n, ldc),
                                        typename Traits::SmemLayoutC{}(_, _, 0));
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
-  // Diagnostics only: CCFUSE_GEMM_TMA_PREFETCH=0 turns the descriptor prefetch off (read once).
-  static const int prefetch_tma = [] {
-    const char* v = std::getenv("CCFUSE_GEMM_TMA_PREFETCH");
-    return v != nullptr && v[0] == '0' && v[1] == '\0' ? 0 : 1;
-  }();
-  p.prefetch_tma = prefetch_tma;
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   // The shared-memory attribute once per kernel and device (it is per device; every call paid
   // for it before, on the host, which counts in a fused op's time when the GPU waits for it).
