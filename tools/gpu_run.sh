@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_dual] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -445,26 +445,6 @@ if [[ " $what " == *" gemm_n64 "* ]]; then
   gemm_ab gemm_n64 CCFUSE_GEMM_TILE_N 64 "1024 768 4096" "1024 768 8192" "2048 768 4096" "1024 1536 4096" \
     "1024 1280 8192" "4096 4096 4096"
   summary+=("gemm n64: gemm_n64_summary.log")
-fi
-if [[ " $what " == *" gemm_dual "* ]]; then
-  # Two accumulators a consumer warpgroup on tiles of <= 128 columns (CCFUSE_GEMM_DUAL_ACC=1,
-  # written 2026-12-01 after ncu showed cuBLASLt's 96x128 kernel doing it) against one, each also
-  # back to back at the power cap: the engine's 128x96 shapes, the 128x128 and 128x64 tiles
-  # forced on one-wave shapes, and a 128x256 control (no dual path: level). Then the GEMM GPU
-  # tests with the dual path on (every narrow-tile case). Predicted: 1024x1536x4096 and
-  # 1024x1280x8192 from ~81 % to ~88 % of cuBLASLt.
-  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-100}
-  gemm_ab gemm_dual CCFUSE_GEMM_DUAL_ACC 1 "1024 1536 4096" "1024 1280 8192" "2048 768 4096" "4096 1536 4096" \
-    "1024 768 4096" "8192 8192 8192"
-  CCFUSE_GEMM_TILE_N=128 gemm_ab gemm_dual128 CCFUSE_GEMM_DUAL_ACC 1 "1024 4096 512" "1024 4096 1024" "1024 1536 4096" \
-    "4096 4096 4096"
-  CCFUSE_GEMM_TILE_N=64 gemm_ab gemm_dual64 CCFUSE_GEMM_DUAL_ACC 1 "1024 768 4096" "1024 768 8192"
-  if [ -x $BIN/ccfuse_gpu_tests ]; then
-    CCFUSE_GEMM_DUAL_ACC=1 timeout 200 $BIN/ccfuse_gpu_tests --gtest_filter='*GemmCorrectness*:*GemmSplitK*:*GemmStreamK*:*GemmReadyPredicate*' \
-      2>&1 | tail -n 40 > "$OUT/gpu_tests_dual.log"
-    summary+=("gpu tests with CCFUSE_GEMM_DUAL_ACC=1: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_dual.log" | tr '\n' ' ')")
-  fi
-  summary+=("gemm dual accumulators: gemm_dual_summary.log gemm_dual128_summary.log gemm_dual64_summary.log")
 fi
 if [[ " $what " == *" gemm_fixed "* ]]; then
   # The fixed cost per launch (2026-12-01): on 1024x4096xK (one wave of 128x256 tiles) ccfuse

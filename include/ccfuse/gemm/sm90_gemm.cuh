@@ -30,7 +30,6 @@
 #include <cuda/atomic>
 
 #include <atomic>
-#include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -501,10 +500,6 @@ struct Params {
   int num_groups;
   Element* c;
   int64_t ldc;
-  // Two accumulators a consumer warpgroup, taking alternate k-blocks and summed after the
-  // mainloop (mainloop_dual), for the plain epilogue's tiles of at most 128 columns; 0 = one.
-  // Set from CCFUSE_GEMM_DUAL_ACC by launch_gemm.
-  int dual_acc = 0;
 };
 
 // Stores a consumer warpgroup's accumulators through the epilogue, rounding to Element.
@@ -1121,63 +1116,6 @@ __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB
   return prev_stage;
 }
 
-// mainloop with two accumulators: k-block kb_begin + i goes to acc0 for even i, acc1 for odd i.
-// Consecutive batches then do not depend on each other, so the tensor pipe can start a batch
-// before the previous one has written its accumulator (cuBLASLt's narrow-tile kernels do this:
-// ncu 2026-12-01, nvjet 96x128 with two 64x96 accumulators a warpgroup). The caller sums them
-// after warpgroup_wait<0> (acc1 holds nothing when the range has one k-block). Same stage
-// protocol as mainloop.
-// One k-block of mainloop_dual into `acc` (acc0 or acc1; both fenced).
-template <int kStages, bool kProxyFence, class Mma, class FragA, class FragB, class Accum, class Full, class Release>
-__device__ __forceinline__ void dual_step(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& acc, Accum& acc0,
-                                          Accum& acc1, bool first, Full* full, int& stage, uint32_t& phase,
-                                          int& prev_stage, Release& release) {
-  full[stage].wait(phase);
-  if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  warpgroup_fence_operand(acc0);
-  warpgroup_fence_operand(acc1);
-  warpgroup_arrive();
-  mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-    cute::gemm(mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), acc);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  // Keep this batch in flight; the previous one (the other accumulator's) has read its stage.
-  warpgroup_wait<1>();
-  warpgroup_fence_operand(acc0);
-  warpgroup_fence_operand(acc1);
-  if (prev_stage >= 0) release(prev_stage);
-  prev_stage = stage;
-  if (++stage == kStages) {
-    stage = 0;
-    phase ^= 1;
-  }
-}
-
-// mainloop with two accumulators: k-block kb_begin + i goes to acc0 for even i, acc1 for odd i.
-// Consecutive batches then do not depend on each other, so the tensor pipe can start a batch
-// before the previous one has written its accumulator (cuBLASLt's narrow-tile kernels do this:
-// ncu 2026-12-01, nvjet 96x128 with two 64x96 accumulators a warpgroup). The caller sums them
-// after warpgroup_wait<0> (acc1 holds nothing when the range has one k-block). Same stage
-// protocol as mainloop.
-template <int kStages, bool kProxyFence = false, class Mma, class FragA, class FragB, class Accum, class Full,
-          class Release>
-__device__ __forceinline__ int mainloop_dual(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& acc0, Accum& acc1,
-                                             Full* full, int& stage, uint32_t& phase, int kb_begin, int kb_end,
-                                             Release& release) {
-  int prev_stage = -1;
-  for (int kb = kb_begin; kb < kb_end; kb += 2) {
-    dual_step<kStages, kProxyFence>(mma, tCrA, tCrB, acc0, acc0, acc1, kb == kb_begin, full, stage, phase,
-                                    prev_stage, release);
-    if (kb + 1 < kb_end)
-      dual_step<kStages, kProxyFence>(mma, tCrA, tCrB, acc1, acc0, acc1, kb == kb_begin, full, stage, phase,
-                                      prev_stage, release);
-  }
-  return prev_stage;
-}
-
 template <class Traits, class Schedule, class Epilogue>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
@@ -1485,9 +1423,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     constexpr bool kTrace = HasTileTrace<Epilogue>::value;
-    // Two accumulators (Params::dual_acc): the plain epilogue's tiles of at most 128 columns only
-    // (the others keep their register budget and their code).
-    constexpr bool kDualOk = std::is_same_v<Epilogue, PlainEpilogue> && Traits::kBlockN <= 128 && !kGatherA;
     int trace_index = 0;
     uint64_t* trace_t = ss.trace_t;
     // A tile handed to the send warps reads what the consumers stored. A TMA-stored tile's writes
@@ -1574,25 +1509,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       };
-      int prev_stage;
-      if (kDualOk && p.dual_acc != 0) {
-        if constexpr (kDualOk) {
-          Tensor accum1 = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
-          prev_stage = mainloop_dual<kStages, kGatherA>(mma, tCrA, tCrB, accum, accum1, full, stage, phase,
-                                                        w.kb_begin, kb_end, release_k);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(accum);
-          warpgroup_fence_operand(accum1);
-          if (kb_end - w.kb_begin >= 2) {
-            CUTE_UNROLL
-            for (int i = 0; i < size(accum); ++i) accum(i) += accum1(i);
-          }
-        }
-      } else {
-        prev_stage = mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release_k);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(accum);
-      }
+      const int prev_stage =
+          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release_k);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
       if constexpr (kTrace) {
         if (epi.trace != nullptr && consumer_idx == 0) {
@@ -1767,12 +1687,6 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                        : make_tma_copy(SM90_TMA_STORE{}, Traits::gmem_c(static_cast<E*>(c_alt), c_alt_rows, out_n, ldc),
                                        typename Traits::SmemLayoutC{}(_, _, 0));
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
-  // CCFUSE_GEMM_DUAL_ACC=1: two accumulators on the tiles that have the path (read once; A/B).
-  static const int dual_acc = [] {
-    const char* v = std::getenv("CCFUSE_GEMM_DUAL_ACC");
-    return v != nullptr && v[0] == '1' && v[1] == '\0' ? 1 : 0;
-  }();
-  p.dual_acc = dual_acc;
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   // The shared-memory attribute once per kernel and device (it is per device; every call paid
   // for it before, on the host, which counts in a fused op's time when the GPU waits for it).
