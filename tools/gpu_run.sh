@@ -53,7 +53,7 @@ gemm_ab() {
 if [[ " $what " == *" tests_only "* ]]; then
   # The GPU tests matching CCFUSE_TEST_FILTER alone, 120 s at most: a first check of new cases
   # before a call spends minutes on benches that use them.
-  timeout 120 $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests_only.log"
+  timeout ${CCFUSE_TEST_TIMEOUT:-120} $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests_only.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("gpu tests ($CCFUSE_TEST_FILTER): rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_only.log" | tr '\n' ' ')")
 fi
