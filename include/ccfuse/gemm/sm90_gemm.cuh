@@ -1121,11 +1121,33 @@ __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB
   return prev_stage;
 }
 
-// mainloop with the stage index a compile-time constant in each of kStages copies of the body:
-// the wgmma smem descriptors of stage s are then the base descriptor plus constants (uniform
-// arithmetic), not a multiply by the runtime stage and a move to uniform registers per wgmma
-// after the barrier wait (ncu 2026-12-01: 58 SASS instructions a k-block in our loop, 20 in
-// cuBLASLt's). Same stage protocol and the same (stage, phase) in and out as mainloop.
+// One k-block of the mainloop at stage `s` (a constant where the caller unrolls): wait for the
+// stage, issue its wgmmas, keep the batch in flight, release the previous stage.
+template <class Mma, class FragA, class FragB, class Accum, class Full, class Release>
+__device__ __forceinline__ void mainloop_step(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
+                                              int s, uint32_t phase, int& prev_stage, Release& release) {
+  full[s].wait(phase);
+  warpgroup_fence_operand(accum);
+  warpgroup_arrive();
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(tCrA); ++kk) {
+    cute::gemm(mma, tCrA(_, _, kk, s), tCrB(_, _, kk, s), accum);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<1>();
+  warpgroup_fence_operand(accum);
+  if (prev_stage >= 0) release(prev_stage);
+  prev_stage = s;
+}
+
+// mainloop with whole rounds of kStages k-blocks unrolled, so that in them each stage's wgmma
+// smem descriptors are the base plus constants (uniform arithmetic), not a multiply by the
+// runtime stage and a move to uniform registers per wgmma after the barrier wait (ncu
+// 2026-12-01: 58 SASS instructions a k-block in our loop, 20 in cuBLASLt's). The k-blocks before
+// stage 0 comes round and those after the last whole round take the rolled step. Straight-line
+// rounds: a version with a stage test in every copy made ptxas serialize the wgmmas (C7515).
+// Same stage protocol and the same (stage, phase) in and out as mainloop.
 template <int kStages, class Mma, class FragA, class FragB, class Accum, class Full, class Release>
 __device__ __forceinline__ int mainloop_unrolled(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum,
                                                  Full* full, int& stage, uint32_t& phase, int kb_begin, int kb_end,
@@ -1133,31 +1155,23 @@ __device__ __forceinline__ int mainloop_unrolled(Mma& mma, const FragA& tCrA, co
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   int prev_stage = -1;
   int kb = kb_begin;
-  while (kb < kb_end) {
+  for (; kb < kb_end && stage != 0; ++kb) {
+    mainloop_step(mma, tCrA, tCrB, accum, full, stage, phase, prev_stage, release);
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  for (; kb + kStages <= kb_end; kb += kStages) {
     CUTE_UNROLL
-    for (int s = 0; s < kStages; ++s) {
-      if (s == stage && kb < kb_end) {
-        full[s].wait(phase);
-        warpgroup_fence_operand(accum);
-        warpgroup_arrive();
-        CUTE_UNROLL
-        for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-          cute::gemm(mma, tCrA(_, _, kk, s), tCrB(_, _, kk, s), accum);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(accum);
-        if (prev_stage >= 0) release(prev_stage);
-        prev_stage = s;
-        ++kb;
-        if (s + 1 == kStages) {
-          stage = 0;
-          phase ^= 1;
-        } else {
-          stage = s + 1;
-        }
-      }
+    for (int s = 0; s < kStages; ++s) mainloop_step(mma, tCrA, tCrB, accum, full, s, phase, prev_stage, release);
+    phase ^= 1;
+  }
+  for (; kb < kb_end; ++kb) {
+    mainloop_step(mma, tCrA, tCrB, accum, full, stage, phase, prev_stage, release);
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
     }
   }
   return prev_stage;
