@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_unroll] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -445,24 +445,6 @@ if [[ " $what " == *" gemm_n64 "* ]]; then
   gemm_ab gemm_n64 CCFUSE_GEMM_TILE_N 64 "1024 768 4096" "1024 768 8192" "2048 768 4096" "1024 1536 4096" \
     "1024 1280 8192" "4096 4096 4096"
   summary+=("gemm n64: gemm_n64_summary.log")
-fi
-if [[ " $what " == *" gemm_unroll "* ]]; then
-  # The plain GEMM's mainloop unrolled by the stage count (CCFUSE_GEMM_STAGE_UNROLL=1, written
-  # 2026-12-01: each stage's wgmma descriptors become constant offsets) against the rolled loop,
-  # each also back to back at the power cap: the one-wave shapes below 90 % of cuBLASLt, K = 512,
-  # and large controls. Then the GEMM GPU tests with it on. Predicted: the one-wave shapes
-  # +2 to +4 %, the large ones level.
-  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-100}
-  gemm_ab gemm_unroll CCFUSE_GEMM_STAGE_UNROLL 1 "1024 1536 4096" "1024 1280 8192" "1024 4096 512" "1024 4096 1024" \
-    "1024 768 4096" "1024 14336 4096" "1024 3584 4096" "16384 4096 512" "8192 8192 1024" "8192 8192 8192" \
-    "8192 14336 4096" "4096 4096 4096"
-  if [ -x $BIN/ccfuse_gpu_tests ]; then
-    CCFUSE_GEMM_STAGE_UNROLL=1 timeout 300 $BIN/ccfuse_gpu_tests \
-      --gtest_filter='*GemmCorrectness*:*GemmSplitK*:*GemmStreamK*:*GemmReadyPredicate*:*GroupedGemm*' 2>&1 | tail -n 40 \
-      > "$OUT/gpu_tests_unroll.log"
-    summary+=("gpu tests with CCFUSE_GEMM_STAGE_UNROLL=1: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_unroll.log" | tr '\n' ' ')")
-  fi
-  summary+=("gemm unrolled mainloop: gemm_unroll_summary.log")
 fi
 if [[ " $what " == *" gemm_fixed "* ]]; then
   # The fixed cost per launch (2026-12-01): on 1024x4096xK (one wave of 128x256 tiles) ccfuse

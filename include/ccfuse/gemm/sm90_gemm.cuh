@@ -30,7 +30,6 @@
 #include <cuda/atomic>
 
 #include <atomic>
-#include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -501,10 +500,6 @@ struct Params {
   int num_groups;
   Element* c;
   int64_t ldc;
-  // The plain epilogue's mainloop unrolled by the stage count (mainloop_unrolled), so that each
-  // stage's wgmma descriptors are constant offsets; 0 = the rolled loop. Set from
-  // CCFUSE_GEMM_STAGE_UNROLL by launch_gemm (A/B, 2026-12-01).
-  int unroll_stages = 0;
 };
 
 // Stores a consumer warpgroup's accumulators through the epilogue, rounding to Element.
@@ -1121,62 +1116,6 @@ __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB
   return prev_stage;
 }
 
-// One k-block of the mainloop at stage `s` (a constant where the caller unrolls): wait for the
-// stage, issue its wgmmas, keep the batch in flight, release the previous stage.
-template <class Mma, class FragA, class FragB, class Accum, class Full, class Release>
-__device__ __forceinline__ void mainloop_step(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
-                                              int s, uint32_t phase, int& prev_stage, Release& release) {
-  full[s].wait(phase);
-  warpgroup_fence_operand(accum);
-  warpgroup_arrive();
-  CUTE_UNROLL
-  for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-    cute::gemm(mma, tCrA(_, _, kk, s), tCrB(_, _, kk, s), accum);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<1>();
-  warpgroup_fence_operand(accum);
-  if (prev_stage >= 0) release(prev_stage);
-  prev_stage = s;
-}
-
-// mainloop with whole rounds of kStages k-blocks unrolled, so that in them each stage's wgmma
-// smem descriptors are the base plus constants (uniform arithmetic), not a multiply by the
-// runtime stage and a move to uniform registers per wgmma after the barrier wait (ncu
-// 2026-12-01: 58 SASS instructions a k-block in our loop, 20 in cuBLASLt's). The k-blocks before
-// stage 0 comes round and those after the last whole round take the rolled step. Straight-line
-// rounds: a version with a stage test in every copy made ptxas serialize the wgmmas (C7515).
-// Same stage protocol and the same (stage, phase) in and out as mainloop.
-template <int kStages, class Mma, class FragA, class FragB, class Accum, class Full, class Release>
-__device__ __forceinline__ int mainloop_unrolled(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum,
-                                                 Full* full, int& stage, uint32_t& phase, int kb_begin, int kb_end,
-                                                 Release& release) {
-  mma.accumulate_ = GMMA::ScaleOut::Zero;
-  int prev_stage = -1;
-  int kb = kb_begin;
-  for (; kb < kb_end && stage != 0; ++kb) {
-    mainloop_step(mma, tCrA, tCrB, accum, full, stage, phase, prev_stage, release);
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-  for (; kb + kStages <= kb_end; kb += kStages) {
-    CUTE_UNROLL
-    for (int s = 0; s < kStages; ++s) mainloop_step(mma, tCrA, tCrB, accum, full, s, phase, prev_stage, release);
-    phase ^= 1;
-  }
-  for (; kb < kb_end; ++kb) {
-    mainloop_step(mma, tCrA, tCrB, accum, full, stage, phase, prev_stage, release);
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-  return prev_stage;
-}
-
 template <class Traits, class Schedule, class Epilogue>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     gemm_kernel(Params<typename Traits::Element> p, Schedule sched, Epilogue epi,
@@ -1484,8 +1423,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     constexpr bool kTrace = HasTileTrace<Epilogue>::value;
-    // The unrolled mainloop (Params::unroll_stages): the plain epilogue's kernels only, for the A/B.
-    constexpr bool kUnrollOk = std::is_same_v<Epilogue, PlainEpilogue> && !kGatherA;
     int trace_index = 0;
     uint64_t* trace_t = ss.trace_t;
     // A tile handed to the send warps reads what the consumers stored. A TMA-stored tile's writes
@@ -1572,15 +1509,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       };
-      int prev_stage;
-      if (kUnrollOk && p.unroll_stages != 0) {
-        if constexpr (kUnrollOk)
-          prev_stage = mainloop_unrolled<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end,
-                                                  release_k);
-      } else {
-        prev_stage = mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end,
-                                                 release_k);
-      }
+      const int prev_stage =
+          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release_k);
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
@@ -1757,12 +1687,6 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                        : make_tma_copy(SM90_TMA_STORE{}, Traits::gmem_c(static_cast<E*>(c_alt), c_alt_rows, out_n, ldc),
                                        typename Traits::SmemLayoutC{}(_, _, 0));
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
-  // CCFUSE_GEMM_STAGE_UNROLL=1: the unrolled mainloop where the kernel has it (read once; A/B).
-  static const int unroll_stages = [] {
-    const char* v = std::getenv("CCFUSE_GEMM_STAGE_UNROLL");
-    return v != nullptr && v[0] == '1' && v[1] == '\0' ? 1 : 0;
-  }();
-  p.unroll_stages = unroll_stages;
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   // The shared-memory attribute once per kernel and device (it is per device; every call paid
   // for it before, on the host, which counts in a fused op's time when the GPU waits for it).
