@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -445,6 +445,25 @@ if [[ " $what " == *" gemm_n64 "* ]]; then
   gemm_ab gemm_n64 CCFUSE_GEMM_TILE_N 64 "1024 768 4096" "1024 768 8192" "2048 768 4096" "1024 1536 4096" \
     "1024 1280 8192" "4096 4096 4096"
   summary+=("gemm n64: gemm_n64_summary.log")
+fi
+if [[ " $what " == *" gemm_bin_ab "* ]]; then
+  # Two builds of the GEMM bench on the same shapes, alternating: $BIN (the committed kernels) and
+  # .carry/bin-new (CCFUSE_BIN_NEW: an experiment that replaces code instead of adding a switch,
+  # e.g. a mainloop that must be the only one in its kernel). Each bench times its build against
+  # cuBLASLt interleaved and back to back (CCFUSE_BENCH_STEADY_MS). Rows alternate old, new.
+  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-100}
+  NEW=${CCFUSE_BIN_NEW:-.carry/bin-new}
+  : > "$OUT/gemm_bin_ab.jsonl"; : > "$OUT/gemm_bin_ab.log"
+  for shape in ${CCFUSE_BIN_AB_SHAPES:-"1024,1536,4096 1024,1280,8192 1024,4096,512 1024,4096,1024 1024,768,4096 1024,14336,4096 1024,3584,4096 16384,4096,512 8192,8192,1024 8192,8192,8192 8192,14336,4096 4096,4096,4096"}; do
+    IFS=, read -r m n k <<< "$shape"
+    for b in "$BIN" "$NEW"; do
+      tag=$CCFUSE_COMMIT; [ "$b" = "$NEW" ] && tag="$CCFUSE_COMMIT+$(tr -d '\n' < "$NEW/commit" 2>/dev/null || echo new)"
+      CCFUSE_COMMIT=$tag timeout 60 $b/ccfuse bench --op gemm --m $m --n $n --k $k --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_bin_ab.jsonl" < /dev/null >> "$OUT/gemm_bin_ab.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table --all "$OUT/gemm_bin_ab.jsonl" 2>&1 | tee "$OUT/gemm_bin_ab_summary.log"
+  summary+=("gemm build A/B: gemm_bin_ab_summary.log")
 fi
 if [[ " $what " == *" gemm_fixed "* ]]; then
   # The fixed cost per launch (2026-12-01): on 1024x4096xK (one wave of 128x256 tiles) ccfuse
