@@ -1086,43 +1086,32 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // the last stage, which the caller releases after warpgroup_wait<0>.
 // kProxyFence (Schedule::kGatherA): the stage's A was written by cp.async (the generic proxy) and
 // wgmma reads it through the async proxy: a proxy fence after the acquire.
-template <bool kProxyFence, class Mma, class FragA, class FragB, class Accum, class Full, class Release>
-__device__ __forceinline__ void mainloop_step(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
-                                              int s, uint32_t phase, int& prev_stage, Release& release) {
-  full[s].wait(phase);
-  if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  warpgroup_fence_operand(accum);
-  warpgroup_arrive();
-  CUTE_UNROLL
-  for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-    cute::gemm(mma, tCrA(_, _, kk, s), tCrB(_, _, kk, s), accum);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<1>();
-  warpgroup_fence_operand(accum);
-  if (prev_stage >= 0) release(prev_stage);
-  prev_stage = s;
-}
 template <int kStages, bool kProxyFence = false, class Mma, class FragA, class FragB, class Accum, class Full,
           class Release>
 __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
                                         int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release) {
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   int prev_stage = -1;
-  int kb = kb_begin;
-  for (; kb < kb_end && stage != 0; ++kb) {
-    mainloop_step<kProxyFence>(mma, tCrA, tCrB, accum, full, stage, phase, prev_stage, release);
-    if (++stage == kStages) { stage = 0; phase ^= 1; }
-  }
-  for (; kb + kStages <= kb_end; kb += kStages) {
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    full[stage].wait(phase);
+    if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    warpgroup_fence_operand(accum);
+    warpgroup_arrive();
     CUTE_UNROLL
-    for (int s = 0; s < kStages; ++s) mainloop_step<kProxyFence>(mma, tCrA, tCrB, accum, full, s, phase, prev_stage, release);
-    phase ^= 1;
-  }
-  for (; kb < kb_end; ++kb) {
-    mainloop_step<kProxyFence>(mma, tCrA, tCrB, accum, full, stage, phase, prev_stage, release);
-    if (++stage == kStages) { stage = 0; phase ^= 1; }
+    for (int kk = 0; kk < size<2>(tCrA); ++kk) {
+      cute::gemm(mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), accum);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    // Keep this batch in flight; the previous one has finished reading its stage.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(accum);
+    if (prev_stage >= 0) release(prev_stage);
+    prev_stage = stage;
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
   }
   return prev_stage;
 }
