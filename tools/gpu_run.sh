@@ -454,7 +454,8 @@ if [[ " $what " == *" gemm_bin_ab "* ]]; then
   export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-100}
   NEW=${CCFUSE_BIN_NEW:-.carry/bin-new}
   : > "$OUT/gemm_bin_ab.jsonl"; : > "$OUT/gemm_bin_ab.log"
-  for shape in ${CCFUSE_BIN_AB_SHAPES:-"1024,1536,4096 1024,1280,8192 1024,4096,512 1024,4096,1024 1024,768,4096 1024,14336,4096 1024,3584,4096 16384,4096,512 8192,8192,1024 8192,8192,8192 8192,14336,4096 4096,4096,4096"}; do
+  shapes=${CCFUSE_BIN_AB_SHAPES:-"1024,1536,4096 1024,1280,8192 1024,4096,512 1024,4096,1024 1024,768,4096 1024,14336,4096 1024,3584,4096 16384,4096,512 8192,8192,1024 8192,8192,8192 8192,14336,4096 4096,4096,4096"}
+  for shape in $shapes; do
     IFS=, read -r m n k <<< "$shape"
     for b in "$BIN" "$NEW"; do
       tag=$CCFUSE_COMMIT; [ "$b" = "$NEW" ] && tag="$CCFUSE_COMMIT+$(tr -d '\n' < "$NEW/commit" 2>/dev/null || echo new)"
