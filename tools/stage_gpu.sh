@@ -8,14 +8,9 @@ cmake --preset default >/dev/null
 cmake --build --preset default -j "$(nproc)" --target ccfuse_tool ccfuse_gpu_tests ccfuse_comm_bench \
   ccfuse_gemm_hooks_bench ccfuse_ag_transport_probe ccfuse_router_bench ccfuse_moe_ffn_bench ccfuse_c \
   2>&1 | tee build/stage_build.log
-# ptxas C7515 ("wgmma.mma_async instructions are serialized"): such a kernel runs 10-25 % slow,
-# and it took the other paths of the same kernel with it (2026-12-01). Never stage one. (Only the
-# objects this build compiled are checked: build from clean, or with this script, to be sure.)
-if grep -q "C7515" build/stage_build.log; then
-  echo "stage_gpu.sh: ptxas serialized wgmma instructions (C7515) in:" >&2
-  grep -o "in the function '[^']*'" build/stage_build.log | sort -u | head -n 5 >&2
-  exit 3
-fi
+# Never stage a build where ptxas serialized wgmma (C7515). (Only the objects this build compiled
+# are checked: build from clean, or with this script, to be sure.)
+bash tools/check_ptxas_log.sh build/stage_build.log || exit 3
 # Usage: bash tools/stage_gpu.sh [NAME ...]: all binaries, or only the named ones (e.g. ccfuse
 # libccfuse_c.so ccfuse_moe_ffn_bench) when a call needs fewer: the device tool carries at most
 # 64 MiB, working tree included; gzipped (below) all of them take about 15 MiB.

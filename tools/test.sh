@@ -10,7 +10,11 @@ bash tools/setup.sh
 preset=$(bash tools/preset.sh)
 jobs=${CCFUSE_JOBS:-$(nproc)}
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" -j "$jobs"
+build_log=$(mktemp)
+cmake --build --preset "$preset" -j "$jobs" 2>&1 | tee "$build_log"
+# A kernel whose wgmmas ptxas serialized (C7515) compiles and passes every test, only slowly: fail.
+bash tools/check_ptxas_log.sh "$build_log"
+rm -f "$build_log"
 ctest --preset "$preset" -j "$jobs"
 # The Python tools (routing twin of the C++ one, result merging): standard library only.
 python3 -m unittest discover -s tests/python
