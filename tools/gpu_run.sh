@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -465,6 +465,27 @@ if [[ " $what " == *" gemm_bin_ab "* ]]; then
   done
   python3 tools/summarize_gemm.py --table --all "$OUT/gemm_bin_ab.jsonl" 2>&1 | tee "$OUT/gemm_bin_ab_summary.log"
   summary+=("gemm build A/B: gemm_bin_ab_summary.log")
+fi
+if [[ " $what " == *" gemm_env_sweep "* ]]; then
+  # Bench overrides (src/tool/gpu_gemm_bench.cu: CCFUSE_GEMM_GROUP_M, _ORDER, _CLUSTER_N, _TILE_N,
+  # _SPLIT_K ...) combined per variant, on the same shapes, each against cuBLASLt interleaved and
+  # back to back. CCFUSE_SWEEP_VARIANTS: ';'-separated variants, each ','-separated VAR=VALUE
+  # ("-" = the engine's choice); CCFUSE_SWEEP_SHAPES: "m,n,k ...". Rows: shape by shape, variants
+  # in the given order (the config column says which).
+  export CCFUSE_BENCH_STEADY_MS=${CCFUSE_BENCH_STEADY_MS:-100}
+  : > "$OUT/gemm_env_sweep.jsonl"; : > "$OUT/gemm_env_sweep.log"
+  IFS=';' read -ra variants <<< "${CCFUSE_SWEEP_VARIANTS:--}"
+  for shape in ${CCFUSE_SWEEP_SHAPES:-1024,1536,4096}; do
+    IFS=, read -r m n k <<< "$shape"
+    for v in "${variants[@]}"; do
+      envs=(); [ "$v" = "-" ] || IFS=, read -ra envs <<< "$v"
+      echo "== $shape variant: $v" >> "$OUT/gemm_env_sweep.log"
+      env "${envs[@]}" timeout 60 $BIN/ccfuse bench --op gemm --m $m --n $n --k $k --dtype bf16 --iters 10 \
+        --json "$OUT/gemm_env_sweep.jsonl" < /dev/null >> "$OUT/gemm_env_sweep.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table --all "$OUT/gemm_env_sweep.jsonl" 2>&1 | tee "$OUT/gemm_env_sweep_summary.log"
+  summary+=("gemm env sweep: gemm_env_sweep_summary.log")
 fi
 if [[ " $what " == *" gemm_fixed "* ]]; then
   # The fixed cost per launch (2026-12-01): on 1024x4096xK (one wave of 128x256 tiles) ccfuse
