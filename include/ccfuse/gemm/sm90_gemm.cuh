@@ -1415,10 +1415,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     typename Traits::TiledMma mma;
     const int consumer_idx = threadIdx.x - 128;
-    // The smem descriptors of A and B depend on the warpgroup only. Its index through a shuffle
-    // from lane 0 is one the compiler knows to be the same in every lane, so it can keep the
-    // descriptors in uniform registers instead of moving them there (R2UR) before each wgmma.
-    auto thr = mma.get_thread_slice(__shfl_sync(0xffffffffu, consumer_idx / 128, 0) * 128);
+    auto thr = mma.get_thread_slice(consumer_idx);
     Tensor tCsA = thr.partition_A(sA);  // (MMA, MMA_M, MMA_K, stages)
     Tensor tCsB = thr.partition_B(sB);
     Tensor tCrA = thr.make_fragment_A(tCsA);  // smem descriptors
