@@ -397,8 +397,10 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair
   // (stream-K's units are single tiles).
   c.cluster_m = !c.stream_k && !split2 && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
-  // The raster (tile_order.h): groups of 16 row tiles on large plain problems of whole tiles.
-  if (!grouped && !split2 && !c.stream_k) c.group_m = plain_group_m(ceil_div(d.m, c.block_m), d.n, d.k);
+  // The raster (tile_order.h): groups of 16 row tiles on large plain problems of whole tiles, of
+  // 4 for tiles narrower than tall.
+  if (!grouped && !split2 && !c.stream_k)
+    c.group_m = plain_group_m(ceil_div(d.m, c.block_m), d.n, d.k, c.block_m, c.block_n);
   return c;
 }
 }  // namespace

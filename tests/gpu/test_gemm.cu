@@ -499,6 +499,9 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_EQ(two_waves.stages, 7);
   EXPECT_EQ(two_waves.cluster_m, 2);
   EXPECT_EQ(two_waves.cluster_n, 1);
+  // A narrow tile's raster: groups of 4 row tiles (2026-12-01: 89 -> 96.5 % of cuBLASLt back to back).
+  EXPECT_EQ(two_waves.group_m, 4);
+  EXPECT_EQ(wide.group_m, 16);
   EXPECT_NO_THROW(validate(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), two_waves));
   // 112 tiles of 96 columns against 80 of 128 (1024x1280x8192: 70 -> 81 % of cuBLASLt); B [K, N]
   // cannot take the 96 tile (64-column swizzle atoms).

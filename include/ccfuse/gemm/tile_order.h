@@ -48,8 +48,16 @@ CCFUSE_HD TileCoord grouped_row_major(int64_t idx, int m_tiles, int n_tiles, int
 // on those shapes (a group's B columns stay in L2 for twice the rows); -2 to -3 % with K <= 1024
 // (the shorter tiles turn over faster than L2 refills A), -0.2 to -1.9 % with 8 row tiles (one
 // group: column-major over the whole matrix) and on N <= 2560.
-constexpr int kGroupMWide = 16, kGroupMDefault = 8;
-CCFUSE_HD int plain_group_m(int64_t m_tiles, int64_t n, int64_t k) {
+// A tile narrower than it is tall (block_n < block_m: the 128x96 tile, whose A rows are the
+// bigger operand of each stage) takes groups of 4 row tiles: neighbouring CTAs then share A
+// bands, where the column-major order of 8 spreads every A band over the whole grid. Measured
+// 2026-12-01 on one H200 (bench/results/2026-12-01-h200-gemm-raster-sweep-*): 1024x1536x4096
+// 89 -> 96.5 % of cuBLASLt back to back (81 -> 92 % interleaved), 1024x1280x8192 level back to
+// back and +3 to +7 points interleaved; groups of 2 and row-major lose there, and 4 loses 1-7 %
+// on the wider tiles, where B is the bigger operand.
+constexpr int kGroupMWide = 16, kGroupMDefault = 8, kGroupMNarrow = 4;
+CCFUSE_HD int plain_group_m(int64_t m_tiles, int64_t n, int64_t k, int block_m, int block_n) {
+  if (block_n < block_m) return kGroupMNarrow;
   return m_tiles >= 32 && n >= 3072 && k >= 2048 ? kGroupMWide : kGroupMDefault;
 }
 

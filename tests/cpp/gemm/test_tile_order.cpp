@@ -221,17 +221,23 @@ TEST(TileOrder, FirstThenRestVisitsFirstTilesOfEveryGroupBeforeTheRest) {
 
 // choose_config's raster (plain_group_m): groups of 16 row tiles on large problems of long K
 // only (measured 2026-11-30 against 8: faster there, slower on K <= 1024, on 8 row tiles and on
-// N <= 2560).
+// N <= 2560); groups of 4 for tiles narrower than tall (measured 2026-12-01 on the 128x96 tile).
 TEST(TileOrder, PlainGroupMRule) {
-  EXPECT_EQ(plain_group_m(32, 3072, 2048), kGroupMWide);
-  EXPECT_EQ(plain_group_m(128, 28672, 8192), kGroupMWide);
-  EXPECT_EQ(plain_group_m(31, 14336, 8192), kGroupMDefault);  // M = 3968 with 128-row tiles
-  EXPECT_EQ(plain_group_m(8, 14336, 8192), kGroupMDefault);   // M = 1024: one group of all rows
-  EXPECT_EQ(plain_group_m(128, 2560, 8192), kGroupMDefault);
-  EXPECT_EQ(plain_group_m(128, 4096, 1792), kGroupMDefault);
-  EXPECT_EQ(plain_group_m(128, 4096, 1024), kGroupMDefault);
-  // The order itself stays a permutation with either group size on a real shape.
-  for (int g : {kGroupMDefault, kGroupMWide}) {
+  EXPECT_EQ(plain_group_m(32, 3072, 2048, 128, 256), kGroupMWide);
+  EXPECT_EQ(plain_group_m(128, 28672, 8192, 128, 256), kGroupMWide);
+  EXPECT_EQ(plain_group_m(128, 28672, 8192, 128, 192), kGroupMWide);
+  EXPECT_EQ(plain_group_m(31, 14336, 8192, 128, 256), kGroupMDefault);  // M = 3968 with 128-row tiles
+  EXPECT_EQ(plain_group_m(8, 14336, 8192, 128, 224), kGroupMDefault);   // M = 1024: one group of all rows
+  EXPECT_EQ(plain_group_m(128, 2560, 8192, 128, 160), kGroupMDefault);
+  EXPECT_EQ(plain_group_m(128, 4096, 1792, 128, 256), kGroupMDefault);
+  EXPECT_EQ(plain_group_m(128, 4096, 1024, 128, 256), kGroupMDefault);
+  EXPECT_EQ(plain_group_m(8, 4096, 1024, 128, 128), kGroupMDefault);  // square tiles: as wide ones
+  // Narrower than tall: A is the bigger operand, neighbours share A bands.
+  EXPECT_EQ(plain_group_m(8, 1536, 4096, 128, 96), kGroupMNarrow);
+  EXPECT_EQ(plain_group_m(8, 1280, 8192, 128, 96), kGroupMNarrow);
+  EXPECT_EQ(plain_group_m(128, 28672, 8192, 128, 64), kGroupMNarrow);
+  // The order itself stays a permutation with every group size on a real shape.
+  for (int g : {kGroupMNarrow, kGroupMDefault, kGroupMWide}) {
     const int mt = 128, nt = 56;  // 16384 x 14336 in 128 x 256 tiles
     std::vector<int> seen(size_t(mt) * nt, 0);
     for (int64_t i = 0; i < int64_t(mt) * nt; ++i) {
