@@ -330,7 +330,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
   const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 0.99,
-               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98;
+               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98, eff_64 = 0.67;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
@@ -360,6 +360,20 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
                              waves(tiles_of(kTmaStoreN224Shape)) * double(k_tiles) * 1.75 / eff_224};
       if (whole_224.time < best.time * (1 - 1e-9)) best = whole_224;
     }
+    // The 128x64 tile (both B layouts) at 0.67 of the wide tile per FLOP: what it measured in one
+    // wave against split-K in 2 of 128x128 (2026-12-01, pairs and groups of 4 row tiles, one
+    // H200: 0.64 on 1024x768x4096, where it wins by 6-8 %, and 0.70-0.71 on 1024x768x8192, where
+    // split-K wins by 3 % back to back). Where it needs two waves it loses 8-34 points (2048x768x4096:
+    // 54 against the 96 tile's 74 %), which the price keeps it from.
+    const Option whole_64{kTmaStoreN64Shape, true, false,
+                          waves(tiles_of(kTmaStoreN64Shape)) * double(k_tiles) * 0.5 / eff_64};
+    if (whole_64.time < best.time * (1 - 1e-9)) best = whole_64;
+    // Short K where the wide tile makes one wave: the 128x128 tile in two waves instead, when they
+    // are enough (measured twice on 1024x4096x512 and x1024, 2026-11-30 and 2026-12-01: +1.8 to
+    // +3.8 points of cuBLASLt, which takes 128x128 there too; with more waves of the wide tile the
+    // 128x128 tile loses 3.5-6 points at K = 512, so the rule is kept to one wave).
+    if (best.t.block_n == wide.block_n && k_tiles <= 16 && tiles_of(wide) <= sms && tiles_of(narrow) <= 2 * sms)
+      best = whole_narrow;
   }
   if (tma_ok && !grouped && k_tiles >= 4) {
     const StreamKPlan sk = make_stream_k_plan(tiles_of(narrow), int(k_tiles), sms);

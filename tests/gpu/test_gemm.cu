@@ -268,13 +268,13 @@ std::vector<Case> cases() {
   out.push_back({1024, 768, 4096, DType::kFloat16, BLayout::kKN, 64, 0, false, 1, true});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
-  // shape with fewer tiles than SMs (1024x768x4096).
+  // shape with fewer tiles than SMs (1024x768x8192; 1024x768x4096 takes the 64 tile since 2026-12-01).
   out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, false, 3});
   out.push_back({48, 200, 520, DType::kFloat16, BLayout::kKN, 128, 0, false, 0, false, 2});
   out.push_back({1000, 520, 776, DType::kBFloat16, BLayout::kKN, 0, 0, true, 0, false, 5});
   out.push_back({777, 1030, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 0, false, 2});
   out.push_back({256, 512, 1024, DType::kBFloat16, BLayout::kNK, 256, 0, false, 0, false, 16});
-  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 0, 0, false});
+  out.push_back({1024, 768, 8192, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   // Split-K with the narrow TMA-store tile (the last part stores through TMA).
   out.push_back({1000, 776, 1032, DType::kBFloat16, BLayout::kNK, 128, 0, false, 0, true, 3});
   // Stream-K (tiles cut over the CTAs, summed in the kernel): partial tiles with ~3 parts each, M
@@ -481,15 +481,35 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_FALSE(odd.tma_store);  // n % 8 != 0: registers
   EXPECT_NO_THROW(validate(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), odd));
   // Fewer narrow tiles than half the SMs, long K: split-K in 2 on the narrow TMA-store tile
-  // (measured faster there; stream-K and 3 parts slower).
-  const GemmConfig few = choose_config(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), 132);
+  // (measured faster there; stream-K and 3 parts slower) ...
+  const GemmConfig few = choose_config(make_desc(1024, 768, 8192, DType::kBFloat16, BLayout::kNK), 132);
   EXPECT_EQ(few.split_k, 2);
   EXPECT_FALSE(few.stream_k);
   EXPECT_TRUE(few.tma_store);
   EXPECT_EQ(few.block_n, 128);
   EXPECT_EQ(few.stages, 5);
   EXPECT_EQ(few.cluster_m, 1);
-  EXPECT_NO_THROW(validate(make_desc(1024, 768, 4096, DType::kBFloat16, BLayout::kNK), few));
+  EXPECT_NO_THROW(validate(make_desc(1024, 768, 8192, DType::kBFloat16, BLayout::kNK), few));
+  // ... unless the 128x64 tile fills one wave and K is short enough that split-K's fixup costs
+  // more than the narrow tile loses (1024x768x4096: 6-8 % faster, 2026-12-01), in CTA pairs with
+  // groups of 4 row tiles, either B layout.
+  for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
+    const GemmConfig n64 = choose_config(make_desc(1024, 768, 4096, DType::kBFloat16, l), 132);
+    EXPECT_EQ(n64.block_n, 64);
+    EXPECT_EQ(n64.stages, 8);
+    EXPECT_EQ(n64.split_k, 1);
+    EXPECT_EQ(n64.cluster_m, 2);
+    EXPECT_EQ(n64.group_m, 4);
+    EXPECT_NO_THROW(validate(make_desc(1024, 768, 4096, DType::kBFloat16, l), n64));
+  }
+  // Not where it needs two waves: the 96 tile fills one.
+  EXPECT_EQ(choose_config(make_desc(2048, 768, 4096, DType::kBFloat16, BLayout::kNK), 132).block_n, 96);
+  // Short K where the wide tile makes one wave: two waves of 128x128 (1024x4096x512 and x1024,
+  // +2 to +4 points, measured twice); with more waves of the wide tile it stays.
+  EXPECT_EQ(choose_config(make_desc(1024, 4096, 512, DType::kBFloat16, BLayout::kNK), 132).block_n, 128);
+  EXPECT_EQ(choose_config(make_desc(1024, 4096, 1024, DType::kBFloat16, BLayout::kNK), 132).block_n, 128);
+  EXPECT_EQ(choose_config(make_desc(1024, 4096, 1792, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
+  EXPECT_EQ(choose_config(make_desc(4096, 4096, 512, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
   // Twice the tiles would take two waves: whole tiles in CTA pairs, 128 of 96 columns (one wave)
   // rather than 96 of 128.
   const GemmConfig two_waves = choose_config(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), 132);
@@ -708,8 +728,8 @@ void expect_nk_only_tile_rules(int bn, int stages) {
 
 TEST(GemmValidation, N96TileRules) {
   expect_nk_only_tile_rules(96, 7);
-  // choose_config: the one-wave B [N, K] shapes the tile is meant for take it (1024x768x4096 keeps
-  // split-K in 2), B [K, N] never does.
+  // choose_config: the one-wave B [N, K] shapes the tile is meant for take it (1024x768x4096 takes
+  // the 64 tile), B [K, N] never does.
   for (const auto& [m, n, k, picked] : {std::tuple<int64_t, int64_t, int64_t, bool>{1024, 1536, 4096, true},
                                         {1024, 1280, 8192, true}, {1024, 768, 4096, false}}) {
     EXPECT_EQ(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n == 96, picked)
@@ -718,8 +738,9 @@ TEST(GemmValidation, N96TileRules) {
   }
 }
 
-// The 64-column TMA-store tile (opt-in, 2026-12-01): whole tiles of either B layout in clusters of
-// 1 or 2, 8 stages only; not split-K, CTA pairs along N or grouped; never chosen until measured.
+// The 64-column TMA-store tile (2026-12-01): whole tiles of either B layout in clusters of 1 or 2,
+// 8 stages only; not split-K, CTA pairs along N or grouped; chosen where it fills one wave that the
+// others leave mostly empty (ChooseConfigPicksTheMeasuredWinners).
 TEST(GemmValidation, N64TileRules) {
   for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
     GemmDesc d = make_desc(1024, 768, 4096, DType::kBFloat16, l);
@@ -744,8 +765,8 @@ TEST(GemmValidation, N64TileRules) {
     expect_invalid(d, other, "cluster_n 2 is built for whole tiles of the 128x128x64/5 and 128x96x64/7 tiles with "
                              "tma_store, not 128x64x64/8");
   }
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 768, 4096}, {1024, 1536, 4096},
-                                {8192, 768, 4096}})
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 768, 8192}, {1024, 1536, 4096},
+                                {8192, 768, 4096}, {2048, 768, 4096}})
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n, 64) << m << "x" << n;
 }
 

@@ -172,11 +172,12 @@ TEST(ToolGemm, ChooseConfigPrices192TileForThePowerCap) {
   // N = 8192 family (2752 tiles of 192 in 21 waves against 2048 of 256 in 16: 1.6 % better).
   EXPECT_EQ(choice(8192, 768, 4096).block_n, 192);
   EXPECT_EQ(choice(8192, 8192, 14336).block_n, 192);
-  // One-wave shapes keep the tiles shaped to the wave (160, 224, 96) and split-K.
+  // One-wave shapes keep the tiles shaped to the wave (160, 224, 96, 64) and split-K.
   EXPECT_EQ(choice(1024, 5120, 8192).block_n, 160);
   EXPECT_EQ(choice(1024, 14336, 4096).block_n, 224);
   EXPECT_EQ(choice(1024, 1536, 4096).block_n, 96);
-  EXPECT_EQ(choice(1024, 768, 4096).split_k, 2);
+  EXPECT_EQ(choice(1024, 768, 4096).block_n, 64);
+  EXPECT_EQ(choice(1024, 768, 8192).split_k, 2);
   // B [K, N]: no 96/160/224 tiles (64-column swizzle atoms); 192 where it fills one wave.
   EXPECT_EQ(choice(1024, 2560, 8192, gemm::BLayout::kKN).block_n, 192);
   for (const auto& s : std::vector<std::array<int64_t, 3>>{{8192, 14336, 8192}, {8192, 768, 4096},
