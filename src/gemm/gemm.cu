@@ -65,6 +65,14 @@ constexpr TileShape kTmaStoreN160Shape = {128, 160, 64, 5};
 // 16 KiB of C staging = 208 KiB.
 constexpr TileShape kTmaStoreN64Shape = {128, 64, 64, 8};
 constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
+// The 80- and 48-column TMA-store tiles (written 2026-12-01; B [N, K] only, 16-column TMA boxes
+// with the 32-byte swizzle): on the M = 1024 shapes with N = 1280 and 768 they make one wave of
+// 128 tiles, as cuBLASLt's tiles do there (its 80x128 and 64x96), where our 96- and 64-column
+// tiles make 112 and 96 tiles that each do 1.2x and 1.33x the work (we ran at 85 and 86 % of
+// cuBLASLt, about those ratios). 80: 7 x 26 KiB of A/B + 20 KiB of C staging = 202 KiB; 48: 9 x
+// 22 KiB + 12 KiB = 210 KiB.
+constexpr TileShape kTmaStoreN80Shape = {128, 80, 64, 7};
+constexpr TileShape kTmaStoreN48Shape = {128, 48, 64, 9};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -207,6 +215,10 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     launch_layout<E, 128, 160, 64, kTmaStoreN160Shape.stages, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 224)
     launch_layout<E, 128, 224, 64, kTmaStoreN224Shape.stages, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 80)
+    launch_layout<E, 128, 80, 64, kTmaStoreN80Shape.stages, true>(d, cfg, a, b, c, s);
+  else if (cfg.tma_store && cfg.block_n == 48)
+    launch_layout<E, 128, 48, 64, kTmaStoreN48Shape.stages, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store) launch_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, s);
   else if (cfg.block_n == 256) launch_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, s);
   else launch_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, s);
@@ -249,10 +261,10 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   if (cfg.tma_store) {
     known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
             same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape) ||
-            same(kTmaStoreN64Shape);
+            same(kTmaStoreN64Shape) || same(kTmaStoreN80Shape) || same(kTmaStoreN48Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
                      " stages is not built with tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, "
-                     "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)");
+                     "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, 128x64x64/8, 128x48x64/9)");
     // B [K, N] is loaded in swizzle atoms 64 columns wide (sm90::Traits::SmemLayoutB).
     CCFUSE_ARG_CHECK(cfg.block_n % 64 == 0 || d.b_layout == BLayout::kNK, "tile ", cfg.block_m, "x", cfg.block_n,
                      " needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which do not "
@@ -330,7 +342,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
   const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 0.99,
-               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98, eff_64 = 0.67;
+               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98, eff_64 = 0.67, eff_80 = 0.74, eff_48 = 0.55;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
@@ -359,6 +371,15 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
       const Option whole_224{kTmaStoreN224Shape, true, false,
                              waves(tiles_of(kTmaStoreN224Shape)) * double(k_tiles) * 1.75 / eff_224};
       if (whole_224.time < best.time * (1 - 1e-9)) best = whole_224;
+      // The 80- and 48-column tiles (B [N, K] only), priced between their neighbours' measured
+      // efficiencies (96: 0.81, 64: 0.67) until measured themselves: they are for one wave that
+      // the wider tiles fill with fewer, bigger tiles (1024x1280x8192, 1024x768x4096).
+      const Option whole_80{kTmaStoreN80Shape, true, false,
+                            waves(tiles_of(kTmaStoreN80Shape)) * double(k_tiles) * 0.625 / eff_80};
+      if (whole_80.time < best.time * (1 - 1e-9)) best = whole_80;
+      const Option whole_48{kTmaStoreN48Shape, true, false,
+                            waves(tiles_of(kTmaStoreN48Shape)) * double(k_tiles) * 0.375 / eff_48};
+      if (whole_48.time < best.time * (1 - 1e-9)) best = whole_48;
     }
     // The 128x64 tile (both B layouts) at 0.67 of the wide tile per FLOP: what it measured in one
     // wave against split-K in 2 of 128x128 (2026-12-01, pairs and groups of 4 row tiles, one

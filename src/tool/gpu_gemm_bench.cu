@@ -201,6 +201,8 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=64    128x64x64/8 whole tiles (opt-in, 2026-12-01: not measured yet)
 //   CCFUSE_GEMM_TILE_N=160   128x160x64/5 whole tiles (B [N, K] only)
 //   CCFUSE_GEMM_TILE_N=224   128x224x64/3 whole tiles (B [N, K] only)
+//   CCFUSE_GEMM_TILE_N=80    128x80x64/7 whole tiles (B [N, K] only)
+//   CCFUSE_GEMM_TILE_N=48    128x48x64/9 whole tiles (B [N, K] only)
 //   CCFUSE_GEMM_CLUSTER_N=2  with TILE_N=128 or 96: CTA pairs along N sharing A (GemmConfig::cluster_n)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
@@ -230,6 +232,8 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TILE_N") == "64") force(64, 8, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "160") force(160, 5, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "224") force(224, 3, false, 1, pairs);
+  if (env("CCFUSE_GEMM_TILE_N") == "80") force(80, 7, false, 1, pairs);
+  if (env("CCFUSE_GEMM_TILE_N") == "48") force(48, 9, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "128") force(128, 5, false, 1, pairs);
   if (env("CCFUSE_GEMM_PINGPONG") == "1") {
     force(128, 5, false, 1, pairs);

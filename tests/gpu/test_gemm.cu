@@ -142,11 +142,11 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
       cfg.split_k = 1;
       cfg.stream_k = false;
     }
-    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages); 96, 160 and
-    // 224: B [N, K] only (7, 5 and 3 stages); 64: 8 stages, both layouts
+    // 128: the narrow TMA-store tile (5 stages); 192: the 192-column one (4 stages); 96, 160,
+    // 224, 80 and 48: B [N, K] only (7, 5, 3, 7 and 9 stages); 64: 8 stages, both layouts
     const int n = c.block_n;
-    cfg.block_n = n == 128 || n == 192 || n == 96 || n == 160 || n == 224 || n == 64 ? n : 256;
-    cfg.stages = n == 128 || n == 160 ? 5 : n == 192 ? 4 : n == 96 ? 7 : n == 64 ? 8 : 3;
+    cfg.block_n = n == 128 || n == 192 || n == 96 || n == 160 || n == 224 || n == 64 || n == 80 || n == 48 ? n : 256;
+    cfg.stages = n == 128 || n == 160 ? 5 : n == 192 ? 4 : n == 96 || n == 80 ? 7 : n == 64 ? 8 : n == 48 ? 9 : 3;
     cfg.tma_store = true;
   }
   cfg.pingpong = c.pingpong;
@@ -269,6 +269,22 @@ std::vector<Case> cases() {
   out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, 64, 7, true, 2, true});  // 7 SMs: 3 pairs
   out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 64, 0, false, 2, true});
   out.push_back({1024, 768, 4096, DType::kFloat16, BLayout::kKN, 64, 0, false, 1, true});
+  // The 80- and 48-column TMA-store tiles (B [N, K] only, 16-column boxes with the 32-byte
+  // swizzle; written 2026-12-01): partial tiles with full and clipped boxes in the last one (1000 =
+  // 12 x 80 + 40 = 20 x 48 + 40; 1000 = 7 x 128 + 104 rows), M < 64, both dtypes, clusters, an odd SM
+  // budget in column order (7 SMs: 3 pairs), and the one-wave shapes they are for.
+  for (int bn : {80, 48}) {
+    for (DType t : {DType::kBFloat16, DType::kFloat16})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 1000, 520, t, BLayout::kNK, bn, 0, false, cl, true});
+        out.push_back({48, 200, 24, t, BLayout::kNK, bn, 0, false, cl, true});
+      }
+    out.push_back({777, 1000, 136, DType::kBFloat16, BLayout::kNK, bn, 7, true, 2, true});
+  }
+  out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 80, 0, false, 2, true});
+  out.push_back({1024, 1280, 8192, DType::kFloat16, BLayout::kNK, 80, 0, false, 1, true});
+  out.push_back({1024, 768, 4096, DType::kBFloat16, BLayout::kNK, 48, 0, false, 2, true});
+  out.push_back({1024, 768, 4096, DType::kFloat16, BLayout::kNK, 48, 0, false, 1, true});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
   // shape with fewer tiles than SMs (1024x768x8192; 1024x768x4096 takes the 64 tile since 2026-12-01).
@@ -485,21 +501,23 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_NO_THROW(validate(make_desc(8192, 4100, 4096, DType::kBFloat16, BLayout::kNK), odd));
   // Fewer narrow tiles than half the SMs, long K: split-K in 2 on the narrow TMA-store tile
   // (measured faster there; stream-K and 3 parts slower) ...
-  const GemmConfig few = choose_config(make_desc(1024, 768, 8192, DType::kBFloat16, BLayout::kNK), 132);
+  // (B [K, N]: the 48 tile below is built for B [N, K] only)
+  const GemmConfig few = choose_config(make_desc(1024, 768, 8192, DType::kBFloat16, BLayout::kKN), 132);
   EXPECT_EQ(few.split_k, 2);
   EXPECT_FALSE(few.stream_k);
   EXPECT_TRUE(few.tma_store);
   EXPECT_EQ(few.block_n, 128);
   EXPECT_EQ(few.stages, 5);
   EXPECT_EQ(few.cluster_m, 1);
-  EXPECT_NO_THROW(validate(make_desc(1024, 768, 8192, DType::kBFloat16, BLayout::kNK), few));
+  EXPECT_NO_THROW(validate(make_desc(1024, 768, 8192, DType::kBFloat16, BLayout::kKN), few));
   // ... unless the 128x64 tile fills one wave and K is short enough that split-K's fixup costs
   // more than the narrow tile loses (1024x768x4096: 6-8 % faster, 2026-12-01), in CTA pairs with
-  // groups of 4 row tiles, either B layout.
+  // groups of 4 row tiles; with B [N, K] the 128x48 tile, which makes 128 tiles of that wave
+  // instead of 96.
   for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
     const GemmConfig n64 = choose_config(make_desc(1024, 768, 4096, DType::kBFloat16, l), 132);
-    EXPECT_EQ(n64.block_n, 64);
-    EXPECT_EQ(n64.stages, 8);
+    EXPECT_EQ(n64.block_n, l == BLayout::kNK ? 48 : 64);
+    EXPECT_EQ(n64.stages, l == BLayout::kNK ? 9 : 8);
     EXPECT_EQ(n64.split_k, 1);
     EXPECT_EQ(n64.cluster_m, 2);
     EXPECT_EQ(n64.group_m, 4);
@@ -526,9 +544,10 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_EQ(two_waves.group_m, 4);
   EXPECT_EQ(wide.group_m, 16);
   EXPECT_NO_THROW(validate(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), two_waves));
-  // 112 tiles of 96 columns against 80 of 128 (1024x1280x8192: 70 -> 81 % of cuBLASLt); B [K, N]
-  // cannot take the 96 tile (64-column swizzle atoms).
-  EXPECT_EQ(choose_config(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 96);
+  // 112 tiles of 96 columns against 80 of 128 (1024x1280x8192: 70 -> 81 % of cuBLASLt), and 128
+  // of 80 columns against both (one full wave, as cuBLASLt's); B [K, N] cannot take the 96 or 80
+  // tile (64-column swizzle atoms).
+  EXPECT_EQ(choose_config(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kNK), 132).block_n, 80);
   const GemmConfig kn = choose_config(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kKN), 132);
   EXPECT_EQ(kn.block_n % 64, 0);
   EXPECT_NO_THROW(validate(make_desc(1024, 1280, 8192, DType::kBFloat16, BLayout::kKN), kn));
@@ -660,7 +679,7 @@ TEST(GemmValidation, TmaStoreRules) {
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "tile 128x256x64 with 4 stages is not built with tma_store (built: 128x256x64/3, "
-                           "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)");
+                           "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, 128x64x64/8, 128x48x64/9)");
   }
   cfg.stages = 3;
   const GroupedGemmDesc g = two_groups(256, 128);
@@ -720,7 +739,7 @@ void expect_nk_only_tile_rules(int bn, int stages) {
   other.stages = stages - 1;  // only `stages` is built
   expect_invalid(d, other, detail::str_cat("tile 128x", bn, "x64 with ", stages - 1, " stages is not built with ",
                                            "tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, ",
-                                           "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)").c_str());
+                                           "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, 128x64x64/8, 128x48x64/9)").c_str());
   other = cfg;
   other.tma_store = false;  // registers: not built
   EXPECT_THROW(validate(d, other), InvalidArgument);
@@ -731,10 +750,11 @@ void expect_nk_only_tile_rules(int bn, int stages) {
 
 TEST(GemmValidation, N96TileRules) {
   expect_nk_only_tile_rules(96, 7);
-  // choose_config: the one-wave B [N, K] shapes the tile is meant for take it (1024x768x4096 takes
-  // the 64 tile), B [K, N] never does.
+  // choose_config: the one-wave B [N, K] shapes the tile is meant for take it (1024x768x4096 and
+  // 1024x1280x8192 take the 48 and 80 tiles, which make one full wave), B [K, N] never does.
   for (const auto& [m, n, k, picked] : {std::tuple<int64_t, int64_t, int64_t, bool>{1024, 1536, 4096, true},
-                                        {1024, 1280, 8192, true}, {1024, 768, 4096, false}}) {
+                                        {2048, 768, 4096, true}, {1024, 1280, 8192, false},
+                                        {1024, 768, 4096, false}}) {
     EXPECT_EQ(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).block_n == 96, picked)
         << m << "x" << n;
     EXPECT_NE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kKN), 132).block_n, 96) << m << "x" << n;
@@ -757,7 +777,7 @@ TEST(GemmValidation, N64TileRules) {
     GemmConfig other = cfg;
     other.stages = 7;
     expect_invalid(d, other, "tile 128x64x64 with 7 stages is not built with tma_store (built: 128x256x64/3, "
-                             "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x64x64/8)");
+                             "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, 128x64x64/8, 128x48x64/9)");
     other = cfg;
     other.cluster_m = 1;
     other.split_k = 2;
@@ -775,6 +795,13 @@ TEST(GemmValidation, N64TileRules) {
 
 // The 160- and 224-column TMA-store tiles: whole tiles of B [N, K] in clusters of 1 or 2 (32-column
 // boxes as the 96 tile); not B [K, N], cut or grouped; chosen where they fill the waves.
+// The 80- and 48-column TMA-store tiles (2026-12-01): B [N, K] only, in clusters of 1 or 2, 7 and
+// 9 stages only.
+TEST(GemmValidation, N80N48TileRules) {
+  expect_nk_only_tile_rules(80, 7);
+  expect_nk_only_tile_rules(48, 9);
+}
+
 TEST(GemmValidation, N160N224TileRules) {
   expect_nk_only_tile_rules(160, 5);
   expect_nk_only_tile_rules(224, 3);

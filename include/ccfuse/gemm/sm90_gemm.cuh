@@ -96,8 +96,8 @@ struct Traits {
   static constexpr bool kTmaStore = kTmaStore_;
   // The staging buffer holds kBlockN / kStoreCols sub-tiles of [kBlockM, kStoreCols], one TMA box
   // each: 64 columns (a 128-byte swizzle atom) where they tile the width, else 32 (a 64-byte one;
-  // 128x96).
-  static constexpr int kStoreCols = kBlockN % 64 == 0 ? 64 : 32;
+  // 128x96, 160, 224), else 16 (a 32-byte one; 128x48, 128x80).
+  static constexpr int kStoreCols = kBlockN % 64 == 0 ? 64 : (kBlockN % 32 == 0 ? 32 : 16);
   static_assert(kBlockN % kStoreCols == 0, "whole TMA-store sub-tiles per tile");
   static constexpr int kStoreRowBytes = kStoreCols * int(sizeof(Element));  // = the swizzle width
   static constexpr int kStoreChunks = kStoreRowBytes / 16;                 // 16-byte chunks of a sub-tile row
@@ -162,17 +162,19 @@ struct Traits {
   using TmaLoadA = conditional_t<kMulticastA == 1, SM90_TMA_LOAD, SM90_TMA_LOAD_MULTICAST>;
   using TmaA = decltype(make_tma_copy(TmaLoadA{}, gmem_a(nullptr, 1, 1, 1), SmemLayoutA{}(_, _, 0), Int<kMulticastA>{}));
   // C staging: kBlockN / kStoreCols sub-tiles of [kBlockM, kStoreCols], each one swizzled TMA box.
-  using SmemAtomC =
-      conditional_t<kStoreCols == 64, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemAtomC = conditional_t<kStoreCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
+                                  conditional_t<kStoreCols == 32, GMMA::Layout_K_SW64_Atom<Element>,
+                                                GMMA::Layout_K_SW32_Atom<Element>>>;
   using SmemLayoutC = decltype(tile_to_shape(SmemAtomC{},
                                              make_shape(Int<kBlockM>{}, Int<kStoreCols>{}, Int<kBlockN / kStoreCols>{})));
   // The byte offset in the staging buffer of the 16-byte chunk of tile row `row` that holds
   // columns [8 j, 8 j + 8), by hand (sC's layout evaluated per element spilled). The 1 KiB-aligned
   // buffer holds the sub-tiles one after the other, kBlockM rows of kStoreRowBytes each; the
-  // 128-byte (64-byte) swizzle XORs a chunk's index in its row with bits 7-9 (7-8) of the row's
-  // byte offset: staging_swizzle(row), row % 8 (128-byte rows) or (row / 2) % 4 (64-byte rows),
-  // the same for row + 8. Checked equal to &sC(row, col % kStoreCols, col / kStoreCols) for every
-  // element of the 96-, 128-, 192- and 256-column tiles (tests/cpp/gemm/test_store_swizzle.cu).
+  // 128-byte (64-, 32-byte) swizzle XORs a chunk's index in its row with bits 7-9 (7-8, 7) of the
+  // row's byte offset: staging_swizzle(row), row % 8 (128-byte rows), (row / 2) % 4 (64-byte rows)
+  // or (row / 4) % 2 (32-byte rows), the same for row + 8. Checked equal to
+  // &sC(row, col % kStoreCols, col / kStoreCols) for every element of the 48-, 80-, 96-, 128-, 192-
+  // and 256-column tiles (tests/cpp/gemm/test_store_swizzle.cu).
   CCFUSE_HD static constexpr int staging_swizzle(int row) { return (row / (128 / kStoreRowBytes)) % kStoreChunks; }
   CCFUSE_HD static constexpr int staging_chunk(int row, int j, int swizzle) {
     return (j / kStoreChunks) * kStoreSubBytes + row * kStoreRowBytes + (((j % kStoreChunks) ^ swizzle) << 4);

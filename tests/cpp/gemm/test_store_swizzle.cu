@@ -1,8 +1,9 @@
 // The TMA-store epilogue's staging addresses on the host: store_tile_tma writes each accumulator
 // pair at Traits::staging_chunk(row, j, staging_swizzle(row)) + its byte in the chunk, computed by
 // hand; the TMA stores read the buffer through CuTe's swizzled layout (Traits::SmemLayoutC). Every
-// element of the tile must land where CuTe puts it, for both swizzle widths: 64-byte (the 128x96
-// tile's 32-column sub-tiles) and 128-byte (64-column sub-tiles of the other tiles).
+// element of the tile must land where CuTe puts it, for every swizzle width: 32-byte (the 48- and
+// 80-column tiles' 16-column sub-tiles), 64-byte (32-column sub-tiles: 96, 160, 224) and 128-byte
+// (64-column sub-tiles of the other tiles).
 // Compiled by nvcc for the CuTe headers; runs without a GPU.
 #include <gtest/gtest.h>
 
@@ -143,6 +144,33 @@ TEST(GemmStoreSwizzle, N160N224TilesMatchCute) {
   EXPECT_LE(T224::kSmemBytes, size_t(232448));
   EXPECT_GE(T160::kSmemBytes, size_t(220 * 1024));
   EXPECT_GE(T224::kSmemBytes, size_t(188 * 1024));
+}
+
+// The 48- and 80-column tiles (2026-12-01: the widths that make one wave of 128 tiles on the
+// M = 1024 shapes with N = 768 and 1280, as cuBLASLt's tiles do there): 3 and 5 sub-tiles of 16
+// columns (32-byte swizzle), one wgmma of n = 48 / 80 per k-step (24 / 40 accumulators per consumer
+// thread), within the 227 KiB of a CTA: 9 x 22 KiB + 12 KiB and 7 x 26 KiB + 20 KiB.
+TEST(GemmStoreSwizzle, N48N80TilesMatchCuteWith32ByteSwizzle) {
+  using T48 = Traits<Bf16, 128, 48, 64, 9, true, 2, true>;
+  using T80 = Traits<Fp16, 128, 80, 64, 7, true, 1, true>;
+  static_assert(T48::kStoreCols == 16 && T48::kStoreRowBytes == 32, "16-column boxes, 32-byte swizzle");
+  static_assert(T80::kStoreCols == 16 && T80::kStoreRowBytes == 32, "16-column boxes, 32-byte swizzle");
+  check_staging_addresses<T48>();
+  check_staging_addresses<Traits<Fp16, 128, 48, 64, 9, true, 1, true>>();
+  check_staging_addresses<T80>();
+  check_staging_addresses<Traits<Bf16, 128, 80, 64, 7, true, 2, true>>();
+  check_stmatrix_addresses<T48>();
+  check_stmatrix_addresses<T80>();
+  static_assert(size<1>(typename MMA_Traits<typename T48::MmaOp>::Shape_MNK{}) == 48, "wgmma n48");
+  static_assert(size<1>(typename MMA_Traits<typename T80::MmaOp>::Shape_MNK{}) == 80, "wgmma n80");
+  using Accum48 = decltype(partition_fragment_C(typename T48::TiledMma{}, Shape<Int<128>, Int<48>>{}));
+  using Accum80 = decltype(partition_fragment_C(typename T80::TiledMma{}, Shape<Int<128>, Int<80>>{}));
+  static_assert(decltype(size(typename Accum48::layout_type{}))::value == 24, "24 accumulators per thread");
+  static_assert(decltype(size(typename Accum80::layout_type{}))::value == 40, "40 accumulators per thread");
+  EXPECT_LE(T48::kSmemBytes, size_t(232448));
+  EXPECT_LE(T80::kSmemBytes, size_t(232448));
+  EXPECT_GE(T48::kSmemBytes, size_t(9 * 22 * 1024 + 12 * 1024));
+  EXPECT_GE(T80::kSmemBytes, size_t(7 * 26 * 1024 + 20 * 1024));
 }
 
 // Gathered A (Schedule::kGatherA): the producer warp's cp.async writes each 16-byte chunk of a row
