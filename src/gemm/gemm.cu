@@ -65,12 +65,12 @@ constexpr TileShape kTmaStoreN160Shape = {128, 160, 64, 5};
 // 16 KiB of C staging = 208 KiB.
 constexpr TileShape kTmaStoreN64Shape = {128, 64, 64, 8};
 constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
-// The 80- and 48-column TMA-store tiles (written 2026-12-01; B [N, K] only, 16-column TMA boxes
-// with the 32-byte swizzle): on the M = 1024 shapes with N = 1280 and 768 they make one wave of
-// 128 tiles, as cuBLASLt's tiles do there (its 80x128 and 64x96), where our 96- and 64-column
-// tiles make 112 and 96 tiles that each do 1.2x and 1.33x the work (we ran at 85 and 86 % of
-// cuBLASLt, about those ratios). 80: 7 x 26 KiB of A/B + 20 KiB of C staging = 202 KiB; 48: 9 x
-// 22 KiB + 12 KiB = 210 KiB.
+// The 80- and 48-column TMA-store tiles (2026-12-01; B [N, K] only, 16-column TMA boxes with the
+// 32-byte swizzle): on the M = 1024 shapes with N = 1280 and 768 they make one wave of 128 tiles,
+// as cuBLASLt's tiles do there (its 80x128 and 64x96), where our 96- and 64-column tiles make 112
+// and 96 tiles that each do 1.2x and 1.33x the work (we ran at 85 and 86 % of cuBLASLt, about
+// those ratios). Measured: below, at their price. 80: 7 x 26 KiB of A/B + 20 KiB of C staging =
+// 202 KiB; 48: 9 x 22 KiB + 12 KiB = 210 KiB.
 constexpr TileShape kTmaStoreN80Shape = {128, 80, 64, 7};
 constexpr TileShape kTmaStoreN48Shape = {128, 48, 64, 9};
 
@@ -342,7 +342,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   const TileShape narrow = tma_ok ? kTmaStoreNarrowShape : kTileShapes[1];
   // Relative to the wide tile of the same epilogue (what each rule was measured with).
   const double eff_wide = 1.0, eff_narrow = grouped ? 0.88 : (tma_ok ? 0.96 : 0.92), eff_192 = 0.99,
-               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98, eff_64 = 0.67, eff_80 = 0.74, eff_48 = 0.55;
+               eff_96 = 0.81, eff_160 = 0.97, eff_224 = 0.98, eff_64 = 0.67, eff_80 = 0.72, eff_48 = 0.51;
   Option best{wide, tma_ok, false, waves(tiles_of(wide)) * double(k_tiles) * 2.0 / eff_wide};
   const Option whole_narrow{narrow, tma_ok, false, waves(tiles_of(narrow)) * double(k_tiles) / eff_narrow};
   if (whole_narrow.time < best.time * (1 - 1e-9)) best = whole_narrow;
@@ -371,9 +371,14 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
       const Option whole_224{kTmaStoreN224Shape, true, false,
                              waves(tiles_of(kTmaStoreN224Shape)) * double(k_tiles) * 1.75 / eff_224};
       if (whole_224.time < best.time * (1 - 1e-9)) best = whole_224;
-      // The 80- and 48-column tiles (B [N, K] only), priced between their neighbours' measured
-      // efficiencies (96: 0.81, 64: 0.67) until measured themselves: they are for one wave that
-      // the wider tiles fill with fewer, bigger tiles (1024x1280x8192, 1024x768x4096).
+      // The 80- and 48-column tiles (B [N, K] only), priced from the same call (2026-12-01 10:57,
+      // one H200). 80 at 0.72: 1024x1280x8192 ran at 0.93-0.96 of the 96 tile's time (4096^3 forced
+      // to it: 0.73 of the wide tile's speed). 48 at 0.51: its speed on 4096^3, and the price that
+      // keeps split-K on 1024x768x8192 (4 % faster than the 48 tile back to back there) while
+      // taking 1024x768x4096 from the 64 tile (0.89-0.94 of its time). They are for one wave that
+      // the wider tiles fill with fewer, bigger tiles (85 -> 89-91 % and 82-86 -> 87-91 % of
+      // cuBLASLt interleaved; 89 -> 93 % and 86 -> 91.5 % back to back); where they need more
+      // waves they lose 10-40 points (2048x1280x8192: 79 and 44 against the 160 tile's 99 %).
       const Option whole_80{kTmaStoreN80Shape, true, false,
                             waves(tiles_of(kTmaStoreN80Shape)) * double(k_tiles) * 0.625 / eff_80};
       if (whole_80.time < best.time * (1 - 1e-9)) best = whole_80;

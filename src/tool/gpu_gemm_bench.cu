@@ -206,6 +206,7 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_CLUSTER_N=2  with TILE_N=128 or 96: CTA pairs along N sharing A (GemmConfig::cluster_n)
 //   CCFUSE_GEMM_STREAM_K=1   128x128x64/5 stream-K (opt-in: measured slower than whole tiles)
 //   CCFUSE_GEMM_SPLIT_K=N    128x128x64/5 split-K in N parts
+//   CCFUSE_GEMM_CLUSTER_M=N  CTA pairs sharing B off (1) or on (2)
 //   CCFUSE_GEMM_GROUP_M=N    the row-major raster in groups of N row tiles (default 8)
 //   CCFUSE_GEMM_ORDER=col    the column-major raster
 gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
@@ -247,6 +248,8 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   }
   if (env("CCFUSE_GEMM_STREAM_K") == "1") force(128, 5, true, 1, 1);
   if (const int parts = std::atoi(env("CCFUSE_GEMM_SPLIT_K").c_str()); parts > 1) force(128, 5, false, parts, 1);
+  // CTA pairs off (1) or on (2) on top of any whole-tile setting above.
+  if (const int cm = std::atoi(env("CCFUSE_GEMM_CLUSTER_M").c_str()); cm > 0) cfg.cluster_m = cm;
   // The tile raster on top of any of the above (L2 reuse): rows of group_m tiles, or column-major.
   if (const int g = std::atoi(env("CCFUSE_GEMM_GROUP_M").c_str()); g > 0) cfg.group_m = g;
   if (env("CCFUSE_GEMM_ORDER") == "col") cfg.order = gemm::TileOrder::kColumnMajor;
