@@ -435,8 +435,15 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   c.stream_k = best.stream;
   c.num_sms = sms;
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair
-  // (stream-K's units are single tiles).
-  c.cluster_m = !c.stream_k && !split2 && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  // (stream-K's units are single tiles), and pay only where the tiles make at least 20 waves.
+  // Measured 2026-12-01 on all 96 TP shapes, the engine's config with and without pairs in the
+  // same call (one H200, bench/results/2026-12-01-h200-gemm-cluster-ab-*): without them the
+  // speed ratio by waves of tiles was 1.043 (one wave; up to 1.14 on the 48 and 80 tiles), 1.018
+  // (2), 1.014 (2-4), 1.012 (4-8), 1.015 (8-16), 1.002 (16-30) and 0.996 (> 30) back to back at
+  // the power cap. The pair couples two CTAs: a stage is refilled only when both have released
+  // it, which costs more than the multicast saves until the L2 is the limit.
+  const bool pairs_pay = tiles_of(best.t) >= 20 * int64_t(sms);
+  c.cluster_m = !c.stream_k && !split2 && pairs_pay && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
   // The raster (tile_order.h): groups of 16 row tiles on large plain problems of whole tiles, of
   // 4 for tiles narrower than tall.
   if (!grouped && !split2 && !c.stream_k)

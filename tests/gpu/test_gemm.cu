@@ -521,7 +521,7 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
     EXPECT_EQ(n64.block_n, l == BLayout::kNK ? 48 : 64);
     EXPECT_EQ(n64.stages, l == BLayout::kNK ? 9 : 8);
     EXPECT_EQ(n64.split_k, 1);
-    EXPECT_EQ(n64.cluster_m, 2);
+    EXPECT_EQ(n64.cluster_m, 1);  // one wave: no CTA pairs
     EXPECT_EQ(n64.group_m, 4);
     EXPECT_NO_THROW(validate(make_desc(1024, 768, 4096, DType::kBFloat16, l), n64));
   }
@@ -540,7 +540,7 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_FALSE(two_waves.stream_k);
   EXPECT_EQ(two_waves.block_n, 96);
   EXPECT_EQ(two_waves.stages, 7);
-  EXPECT_EQ(two_waves.cluster_m, 2);
+  EXPECT_EQ(two_waves.cluster_m, 1);
   EXPECT_EQ(two_waves.cluster_n, 1);
   // A narrow tile's raster: groups of 4 row tiles (2026-12-01: 89 -> 96.5 % of cuBLASLt back to back).
   EXPECT_EQ(two_waves.group_m, 4);
@@ -797,6 +797,25 @@ TEST(GemmValidation, N64TileRules) {
 
 // The 160- and 224-column TMA-store tiles: whole tiles of B [N, K] in clusters of 1 or 2 (32-column
 // boxes as the 96 tile); not B [K, N], cut or grouped; chosen where they fill the waves.
+// CTA pairs sharing B only where the tiles make at least 20 waves of the SMs given (measured
+// 2026-12-01 on the 96 TP shapes: without pairs 1.04x as fast in one wave, level past 16 waves),
+// never in grouped GEMMs, split-K or stream-K.
+TEST(GemmValidation, ChooseConfigPairsOnlyManyWaves) {
+  auto pick = [](int64_t m, int64_t n, int64_t k, int sms) {
+    return choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), sms);
+  };
+  EXPECT_EQ(pick(8192, 28672, 8192, 132).cluster_m, 2);   // 7168 tiles of 128x256: 54 waves
+  EXPECT_EQ(pick(16384, 8192, 4096, 132).cluster_m, 2);   // 5504 tiles of 128x192: 41.7 waves
+  EXPECT_EQ(pick(4096, 8192, 4096, 132).cluster_m, 1);    // 1024 tiles: 7.8 waves
+  EXPECT_EQ(pick(1024, 4096, 512, 132).cluster_m, 1);     // 256 tiles of 128x128: 2 waves
+  EXPECT_EQ(pick(1024, 768, 4096, 132).cluster_m, 1);     // one wave of 128x48
+  EXPECT_EQ(pick(4096, 8192, 4096, 32).cluster_m, 2);     // 1024 tiles on 32 SMs: 32 waves
+  EXPECT_EQ(pick(1024, 768, 8192, 132).cluster_m, 1);     // split-K
+  const GemmConfig tiles_2640 = pick(5120, 16896, 4096, 132);  // 40 x 66 = 20 x 132 tiles of 128x256
+  EXPECT_EQ(tiles_2640.block_n, 256);
+  EXPECT_EQ(tiles_2640.cluster_m, 2) << to_string(tiles_2640);
+}
+
 // The 80- and 48-column TMA-store tiles (2026-12-01): B [N, K] only, in clusters of 1 or 2, 7 and
 // 9 stages only.
 TEST(GemmValidation, N80N48TileRules) {
