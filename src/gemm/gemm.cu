@@ -425,7 +425,18 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
       split2 = true;
     }
   }
+  // K <= 512 (at most 8 k-blocks a tile) with more 128x128 tiles than SMs: ping-pong consumers on
+  // the 128x128 tile, CTAs unpaired, whatever the model says. Each tile's epilogue is a large share
+  // of its time there, and ping-pong runs it under the other warpgroup's mainloop. Measured
+  // 2026-12-01 (one H200, `...gemm-smallk-pingpong-sweep-8ddcc33`), against the engine's unpaired
+  // whole tiles in the same call: 16384x4096x512 +2.7 % interleaved / +3.4 % back to back,
+  // 8192x4096x512 +1.6 / level, 4096x4096x512 +2.5 / +2.5, 1024x4096x512 +1.5 / +1.3. (With CTA
+  // pairs, as measured on 2026-11-30, it was level to -5 points.) A CTA with one tile would leave
+  // one warpgroup idle, so only where there are more tiles than SMs.
+  const bool pingpong = tma_ok && !grouped && !split2 && !best.stream && k_tiles <= 8 && tiles_of(narrow) > sms;
+  if (pingpong) best = whole_narrow;
   GemmConfig c;
+  c.pingpong = pingpong;
   c.split_k = split2 ? 2 : 1;
   c.block_m = best.t.block_m;
   c.block_n = best.t.block_n;
@@ -443,7 +454,7 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // the power cap. The pair couples two CTAs: a stage is refilled only when both have released
   // it, which costs more than the multicast saves until the L2 is the limit.
   const bool pairs_pay = tiles_of(best.t) >= 20 * int64_t(sms);
-  c.cluster_m = !c.stream_k && !split2 && pairs_pay && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  c.cluster_m = !c.stream_k && !split2 && !pingpong && pairs_pay && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
   // The raster (tile_order.h): groups of 16 row tiles on large plain problems of whole tiles, of
   // 4 for tiles narrower than tall.
   if (!grouped && !split2 && !c.stream_k)
