@@ -87,8 +87,9 @@ struct GemmConfig {
   bool stream_k = false;
   // Ping-pong consumers (plain problems, tma_store, the 128x128x64/5 tile, whole tiles): each
   // consumer warpgroup computes its own tiles, the two in turn, so that one's epilogue runs under
-  // the other's mainloop (what cuBLASLt's 128x128 kernels do on K <= 1024). Measured 2026-11-30:
-  // correct, no faster than the 128x256 tile; choose_config does not pick it (docs/gemm.md).
+  // the other's mainloop (what cuBLASLt's 128x128 kernels do on K <= 1024). choose_config picks
+  // it, unpaired, for K <= 512 with more 128x128 tiles than SMs (measured 2026-12-01: +1.5 to
+  // +3.4 % there; in CTA pairs it had been level or slower; docs/gemm.md item 9).
   bool pingpong = false;
 };
 
