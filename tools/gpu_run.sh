@@ -18,7 +18,9 @@ BIN=${CCFUSE_BIN:-.carry/bin}  # CCFUSE_BIN: another staged build
 for d in .carry/bin .carry/bin-*; do
   for gz in "$d"/*.gz; do [ -e "$gz" ] && gunzip -f "$gz" && chmod +x "${gz%.gz}"; done
 done
-export CCFUSE_COMMIT=$(tr -d '\n' < .carry/commit 2>/dev/null || echo unknown)
+# A variant's folder may name its own commit (BIN/COMMIT: a branch built beside the default one).
+commit_file=.carry/commit; [ -f "$BIN/COMMIT" ] && commit_file=$BIN/COMMIT
+export CCFUSE_COMMIT=$(tr -d '\n' < "$commit_file" 2>/dev/null || echo unknown)
 what=${*:-tests comm tp}
 
 # Run against the NCCL the binaries were built with (2.28.9: PyTorch's wheel), and its cuBLAS.
