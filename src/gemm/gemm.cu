@@ -73,6 +73,13 @@ constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
 // 202 KiB; 48: 9 x 22 KiB + 12 KiB = 210 KiB.
 constexpr TileShape kTmaStoreN80Shape = {128, 80, 64, 7};
 constexpr TileShape kTmaStoreN48Shape = {128, 48, 64, 9};
+// Ping-pong consumers on wider tiles (an experiment written 2026-12-01 22:50, opt-in: not yet
+// measured, choose_config does not pick them). Each warpgroup holds a whole tile's accumulators
+// (192 and 160 fp32 a thread) and has its own staging buffer, so the stages shrink: 192 with 3
+// (3 x 40 KiB of A/B + 2 x 48 KiB of staging = 216 KiB), 160 with 4 (4 x 36 + 2 x 40 = 224 KiB;
+// B [N, K] only, as the 160 tile). The 128x128 ping-pong tile is kTmaStoreNarrowShape.
+constexpr TileShape kPingpongN192Shape = {128, 192, 64, 3};
+constexpr TileShape kPingpongN160Shape = {128, 160, 64, 4};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -179,7 +186,12 @@ void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, con
       CCFUSE_ARG_CHECK(false, "cluster_n 2 is not built for the ", BM, "x", BN, " tile");
     }
   } else if (cfg.cluster_m == 2) {
-    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
+    if constexpr (kPingpong && BN != 128) {
+      // Ping-pong on the 160 and 192 tiles is built unpaired (validate says so first).
+      CCFUSE_ARG_CHECK(false, "pingpong on the ", BM, "x", BN, " tile is built with cluster_m 1");
+    } else {
+      launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
+    }
   } else {
     launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong>>(d, cfg, a, b, c, s);
   }
@@ -204,6 +216,10 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
     else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
+  } else if (cfg.pingpong && cfg.block_n == 192) {
+    launch_layout<E, 128, 192, 64, kPingpongN192Shape.stages, true, true>(d, cfg, a, b, c, s);
+  } else if (cfg.pingpong && cfg.block_n == 160) {
+    launch_layout<E, 128, 160, 64, kPingpongN160Shape.stages, true, true>(d, cfg, a, b, c, s);
   } else if (cfg.pingpong) launch_layout<E, 128, 128, 64, 5, true, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
@@ -258,8 +274,10 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   auto same = [&](const TileShape& t) {
     return t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
   };
+  const bool pingpong_shape = same(kTmaStoreNarrowShape) || same(kPingpongN192Shape) || same(kPingpongN160Shape);
   if (cfg.tma_store) {
-    known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
+    // Ping-pong tiles are checked by their own rule below, which names what is built.
+    known = cfg.pingpong || same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
             same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape) ||
             same(kTmaStoreN64Shape) || same(kTmaStoreN80Shape) || same(kTmaStoreN48Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
@@ -291,10 +309,12 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   // the last part reads every other part's wider fp32 partial alone.
   CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || cfg.block_n == 128, cfg.stream_k ? "stream_k" : "split_k > 1",
                    " with tma_store is built for the 128x128x64/5 tile");
-  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && same(kTmaStoreNarrowShape) && !cut), "pingpong is built for "
-                   "whole tiles of the 128x128x64/5 tile with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
+  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && pingpong_shape && !cut), "pingpong is built for whole tiles "
+                   "of the 128x128x64/5, 128x160x64/4 and 128x192x64/3 tiles with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
                    cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
                    cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "");
+  CCFUSE_ARG_CHECK(!cfg.pingpong || cfg.block_n == 128 || cfg.cluster_m == 1, "pingpong on the ", cfg.block_m, "x",
+                   cfg.block_n, " tile is built with cluster_m 1, not ", cfg.cluster_m);
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_n == 2, "cluster_n ", cfg.cluster_n, " must be 1 or 2");
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_m == 1, "cluster_n 2 with cluster_m 2 (2x2 clusters) is not built");
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || (cfg.tma_store && (same(kTmaStoreNarrowShape) || same(kTmaStoreN96Shape)) &&
