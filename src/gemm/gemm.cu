@@ -73,13 +73,6 @@ constexpr TileShape kTmaStoreN224Shape = {128, 224, 64, 3};
 // 202 KiB; 48: 9 x 22 KiB + 12 KiB = 210 KiB.
 constexpr TileShape kTmaStoreN80Shape = {128, 80, 64, 7};
 constexpr TileShape kTmaStoreN48Shape = {128, 48, 64, 9};
-// Ping-pong consumers on wider tiles (an experiment written 2026-12-01 22:50, opt-in: not yet
-// measured, choose_config does not pick them). Each warpgroup holds a whole tile's accumulators
-// (192 and 160 fp32 a thread) and has its own staging buffer, so the stages shrink: 192 with 3
-// (3 x 40 KiB of A/B + 2 x 48 KiB of staging = 216 KiB), 160 with 4 (4 x 36 + 2 x 40 = 224 KiB;
-// B [N, K] only, as the 160 tile). The 128x128 ping-pong tile is kTmaStoreNarrowShape.
-constexpr TileShape kPingpongN192Shape = {128, 192, 64, 3};
-constexpr TileShape kPingpongN160Shape = {128, 160, 64, 4};
 
 template <class Traits>
 void launch(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t stream) {
@@ -186,12 +179,7 @@ void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, con
       CCFUSE_ARG_CHECK(false, "cluster_n 2 is not built for the ", BM, "x", BN, " tile");
     }
   } else if (cfg.cluster_m == 2) {
-    if constexpr (kPingpong && BN != 128) {
-      // Ping-pong on the 160 and 192 tiles is built unpaired (validate says so first).
-      CCFUSE_ARG_CHECK(false, "pingpong on the ", BM, "x", BN, " tile is built with cluster_m 1");
-    } else {
-      launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
-    }
+    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
   } else {
     launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong>>(d, cfg, a, b, c, s);
   }
@@ -216,10 +204,6 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
     else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
-  } else if (cfg.pingpong && cfg.block_n == 192) {
-    launch_layout<E, 128, 192, 64, kPingpongN192Shape.stages, true, true>(d, cfg, a, b, c, s);
-  } else if (cfg.pingpong && cfg.block_n == 160) {
-    launch_layout<E, 128, 160, 64, kPingpongN160Shape.stages, true, true>(d, cfg, a, b, c, s);
   } else if (cfg.pingpong) launch_layout<E, 128, 128, 64, 5, true, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
@@ -274,10 +258,8 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   auto same = [&](const TileShape& t) {
     return t.block_m == cfg.block_m && t.block_n == cfg.block_n && t.block_k == cfg.block_k && t.stages == cfg.stages;
   };
-  const bool pingpong_shape = same(kTmaStoreNarrowShape) || same(kPingpongN192Shape) || same(kPingpongN160Shape);
   if (cfg.tma_store) {
-    // Ping-pong tiles are checked by their own rule below, which names what is built.
-    known = cfg.pingpong || same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
+    known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
             same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape) ||
             same(kTmaStoreN64Shape) || same(kTmaStoreN80Shape) || same(kTmaStoreN48Shape);
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
@@ -309,12 +291,10 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   // the last part reads every other part's wider fp32 partial alone.
   CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || cfg.block_n == 128, cfg.stream_k ? "stream_k" : "split_k > 1",
                    " with tma_store is built for the 128x128x64/5 tile");
-  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && pingpong_shape && !cut), "pingpong is built for whole tiles "
-                   "of the 128x128x64/5, 128x160x64/4 and 128x192x64/3 tiles with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
+  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && same(kTmaStoreNarrowShape) && !cut), "pingpong is built for "
+                   "whole tiles of the 128x128x64/5 tile with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
                    cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
                    cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "");
-  CCFUSE_ARG_CHECK(!cfg.pingpong || cfg.block_n == 128 || cfg.cluster_m == 1, "pingpong on the ", cfg.block_m, "x",
-                   cfg.block_n, " tile is built with cluster_m 1, not ", cfg.cluster_m);
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_n == 2, "cluster_n ", cfg.cluster_n, " must be 1 or 2");
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_m == 1, "cluster_n 2 with cluster_m 2 (2x2 clusters) is not built");
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || (cfg.tma_store && (same(kTmaStoreNarrowShape) || same(kTmaStoreN96Shape)) &&
@@ -453,7 +433,15 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // 8192x4096x512 +1.6 / level, 4096x4096x512 +2.5 / +2.5, 1024x4096x512 +1.5 / +1.3. (With CTA
   // pairs, as measured on 2026-11-30, it was level to -5 points.) A CTA with one tile would leave
   // one warpgroup idle, so only where there are more tiles than SMs.
-  const bool pingpong = tma_ok && !grouped && !split2 && !best.stream && k_tiles <= 8 && tiles_of(narrow) > sms;
+  // And K <= 1024 (at most 16 k-blocks) where the 128x128 tiles make at least 20 waves: measured
+  // 2026-12-01 22:55 (one H200, `...gemm-pingpong-wide-k1024-sweep-d4202b3`, each against the
+  // engine's choice run twice in the same call, % of cuBLASLt interleaved / back to back):
+  // 16384x4096x1024 (31 waves; 128x256) 90.9 / 95.6 -> 94.1 / 98.7, 8192x8192x1024 (31; 128x192
+  // pairs) 89.9 / 91.4 -> 92.7 / 94.2, 16384x8192x1024 (62; 128x192 pairs) 90.0 / 90.7 -> 91.5 /
+  // 91.9 (and 91.4 / 91.5 on 2026-12-01 11:39); with 15.5 waves it lost 1-4 points back to back
+  // (8192x4096x1024, 4096x8192x1024), and at K = 2048 it was mixed (16384x4096x2048 +0.6 / -2.3).
+  const bool pingpong = tma_ok && !grouped && !split2 && !best.stream &&
+                        ((k_tiles <= 8 && tiles_of(narrow) > sms) || (k_tiles <= 16 && tiles_of(narrow) >= 20 * int64_t(sms)));
   if (pingpong) best = whole_narrow;
   GemmConfig c;
   c.pingpong = pingpong;

@@ -197,7 +197,6 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=192   128x192x64/4 whole tiles
 //   CCFUSE_GEMM_TILE_N=128   128x128x64/5 whole tiles (what cuBLASLt takes for K <= 1024)
 //   CCFUSE_GEMM_PINGPONG=1   128x128x64/5 whole tiles with ping-pong consumers (GemmConfig::pingpong)
-//   CCFUSE_GEMM_PINGPONG=192 128x192x64/3 with ping-pong consumers, unpaired (=160: 128x160x64/4, nk)
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
 //   CCFUSE_GEMM_TILE_N=64    128x64x64/8 whole tiles (opt-in, 2026-12-01: not measured yet)
 //   CCFUSE_GEMM_TILE_N=160   128x160x64/5 whole tiles (B [N, K] only)
@@ -226,6 +225,7 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
     cfg.stream_k = stream_k;
     cfg.split_k = split_k;
     cfg.cluster_m = cluster_m;
+    cfg.pingpong = false;  // a forced tile replaces choose_config's ping-pong too (PINGPONG sets it)
   };
   const int pairs = desc.m > 128 ? 2 : 1;  // CTA pairs need two row tiles
   if (env("CCFUSE_GEMM_TMA_STORE") == "1") force(256, 3, false, 1, pairs);
@@ -239,12 +239,6 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TILE_N") == "128") force(128, 5, false, 1, pairs);
   if (env("CCFUSE_GEMM_PINGPONG") == "1") {
     force(128, 5, false, 1, pairs);
-    cfg.pingpong = true;
-  }
-  // Ping-pong on the wider tiles (unpaired: built with cluster_m 1 only).
-  if (env("CCFUSE_GEMM_PINGPONG") == "192" || env("CCFUSE_GEMM_PINGPONG") == "160") {
-    const bool w192 = env("CCFUSE_GEMM_PINGPONG") == "192";
-    force(w192 ? 192 : 160, w192 ? 3 : 4, false, 1, 1);
     cfg.pingpong = true;
   }
   // CCFUSE_GEMM_CLUSTER_N=2 on top of a 128- or 96-column tile: the CTA pairs along N, sharing A

@@ -152,8 +152,6 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   // Ping-pong when the case asks for it, or when choose_config picked it for a case left to it.
   const bool chosen = c.block_n == 0 && !c.tma_store && !cut && c.cluster == 0;
   cfg.pingpong = c.pingpong || (chosen && cfg.pingpong);
-  // Ping-pong's wider tiles keep fewer stages (two staging buffers): 128x192x64/3, 128x160x64/4.
-  if (c.pingpong && (c.block_n == 192 || c.block_n == 160)) cfg.stages = c.block_n == 192 ? 3 : 4;
   if (c.pair_n) {
     cfg.cluster_m = 1;
     cfg.cluster_n = 2;
@@ -294,6 +292,9 @@ std::vector<Case> cases() {
   out.push_back({4096, 4096, 512, DType::kBFloat16, BLayout::kNK, 0, 0, false});
   out.push_back({2000, 2000, 264, DType::kFloat16, BLayout::kKN, 0, 0, false});
   out.push_back({1024, 1280, 8192, DType::kBFloat16, BLayout::kNK, 0, 0, false});
+  // ... and ping-pong on K = 1024 with >= 20 waves of 128x128 tiles (2026-12-01 23:00), both layouts.
+  out.push_back({8192, 8192, 1024, DType::kBFloat16, BLayout::kNK, 0, 0, false});
+  out.push_back({8192, 8192, 1000, DType::kFloat16, BLayout::kKN, 0, 0, false});
   // Split-K (opt-in): partial tiles, M < 64, both layouts and dtypes, column order, an odd SM
   // budget with an odd ldc, the most parts (16 of 16 k-blocks); and choose_config's pick for a
   // shape with fewer tiles than SMs (1024x768x8192; 1024x768x4096 takes the 64 tile since 2026-12-01).
@@ -331,24 +332,6 @@ std::vector<Case> cases() {
       }
   out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 1, true, 0, false, true});
   out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 8, true, 2, true, 0, false, true});
-  // Ping-pong on the 192 and 160 tiles (2026-12-01 22:50, unpaired; 160: B [N, K] only): partial
-  // tiles, M < 64, both dtypes, few CTAs taking many tiles (odd and even counts), column order, a
-  // single k-block, and the K <= 1024 shapes they are for.
-  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-    for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
-      out.push_back({1000, 776, 520, t, l, 192, 0, false, 1, true, 0, false, true});
-      out.push_back({48, 200, 24, t, l, 192, 0, false, 1, true, 0, false, true});
-    }
-    out.push_back({1000, 776, 520, t, BLayout::kNK, 160, 0, false, 1, true, 0, false, true});
-    out.push_back({48, 200, 24, t, BLayout::kNK, 160, 0, false, 1, true, 0, false, true});
-  }
-  for (int bn : {192, 160}) {
-    out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, bn, 7, false, 1, true, 0, false, true});
-    out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, bn, 8, true, 1, true, 0, false, true});
-    out.push_back({777, 1000, 8, DType::kFloat16, BLayout::kNK, bn, 16, false, 1, true, 0, false, true});
-    out.push_back({16384, 4096, 512, DType::kBFloat16, BLayout::kNK, bn, 0, false, 1, true, 0, false, true});
-    out.push_back({16384, 8192, 1024, DType::kBFloat16, BLayout::kNK, bn, 0, false, 1, true, 0, false, true});
-  }
   // CTA pairs along N sharing A (GemmConfig::cluster_n = 2; written 2026-11-30, not yet run on a
   // GPU): odd column-tile counts (the last pair's second tile past N: zeros loaded, A still
   // multicast, its store dropped), one column tile (every pair's second tile past N), M < 64,
@@ -865,7 +848,18 @@ TEST(GemmValidation, ChooseConfigPingPongForShortK) {
   auto pick = [](int64_t m, int64_t n, int64_t k) {
     return choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132);
   };
-  EXPECT_FALSE(pick(4096, 4096, 1024).pingpong);  // 16 k-blocks
+  EXPECT_FALSE(pick(4096, 4096, 1024).pingpong);  // 16 k-blocks, 1024 tiles of 128x128: 7.8 waves
+  // K <= 1024 where the 128x128 tiles make at least 20 waves (2026-12-01 22:55: +1.3 to +3.3
+  // points there, 1-4 points lost back to back with 15.5 waves); not at K = 2048.
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{16384, 4096}, {8192, 8192}, {16384, 8192}}) {
+    const GemmConfig c = pick(m, n, 1024);
+    EXPECT_TRUE(c.pingpong) << m << "x" << n << "x1024";
+    EXPECT_EQ(c.block_n, 128);
+    EXPECT_EQ(c.cluster_m, 1);
+  }
+  EXPECT_FALSE(pick(8192, 4096, 1024).pingpong);   // 15.5 waves
+  EXPECT_FALSE(pick(4096, 8192, 1024).pingpong);   // 15.5 waves
+  EXPECT_FALSE(pick(16384, 8192, 2048).pingpong);  // 32 k-blocks
   EXPECT_FALSE(pick(1024, 2048, 512).pingpong);   // 128 tiles of 128x128: one wave
   EXPECT_FALSE(choose_config(make_desc(4096, 4100, 512, DType::kBFloat16, BLayout::kNK), 132).pingpong);  // no TMA store
   EXPECT_FALSE(choose_config(two_groups(4096, 4096, BLayout::kNK), 132).pingpong);
@@ -935,35 +929,18 @@ TEST(GemmValidation, PingpongRules) {
   EXPECT_EQ(to_string(cfg), "block=128x128x64 stages=5 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store pingpong");
   GemmConfig single = cfg;
   single.cluster_m = 1;
-  expect_variants_invalid(d, single,
-                          "pingpong is built for whole tiles of the 128x128x64/5, 128x160x64/4 and 128x192x64/3 tiles "
-                          "with tma_store, not ",
+  expect_variants_invalid(d, single, "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not ",
                           {{256, 3, true, 1, true, "128x256x64/3"},
-                           {192, 4, true, 1, true, "128x192x64/4"},
-                           {160, 5, true, 1, true, "128x160x64/5"},
                            {128, 6, false, 1, true, "128x128x64/6 without tma_store"},
                            {128, 5, true, 2, true, "128x128x64/5 with split_k"}});
-  // The 192 and 160 ping-pong tiles: unpaired only; 160 with B [N, K] only.
-  GemmConfig wide = single;
-  wide.block_n = 192;
-  wide.stages = 3;
-  EXPECT_NO_THROW(validate(d, wide));
-  wide.cluster_m = 2;
-  expect_invalid(d, wide, "pingpong on the 128x192 tile is built with cluster_m 1, not 2");
-  GemmConfig w160 = single;
-  w160.block_n = 160;
-  w160.stages = 4;
-  EXPECT_NO_THROW(validate(make_desc(4096, 4096, 512, DType::kBFloat16, BLayout::kNK), w160));
-  expect_invalid(d, w160,
-                 "tile 128x160 needs B [N, K] (b_layout nk): B [K, N] is loaded in 64-column swizzle atoms, which "
-                 "do not tile 160 columns");
   GemmConfig grouped = cfg;
   grouped.cluster_m = 1;
   expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,
                  "pingpong is not supported by the grouped GEMM (plain problems only)");
-  // choose_config takes it only for K <= 512 (ChooseConfigPingPongForShortK).
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{16384, 4096, 1024}, {1024, 4096, 1024},
-                                {4096, 4096, 4096}})
+  // choose_config takes it only for K <= 512, or K <= 1024 with >= 20 waves of its tiles
+  // (ChooseConfigPingPongForShortK).
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{8192, 4096, 1024}, {1024, 4096, 1024},
+                                {4096, 4096, 4096}, {16384, 4096, 2048}})
     EXPECT_FALSE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).pingpong) << m << "x" << n;
 }
 
