@@ -174,6 +174,8 @@ gemm::GemmConfig config_of(const gemm::GroupedGemmDesc& desc, const DeviceInfo& 
     cfg.tma_store = false;
     cfg.stages = cfg.block_n == 256 ? 4 : 6;
   }
+  // CCFUSE_GROUPED_GROUP_M=N (A/B runs): the raster inside each group in groups of N row tiles.
+  if (const char* v = std::getenv("CCFUSE_GROUPED_GROUP_M"); v != nullptr && std::atoi(v) > 0) cfg.group_m = std::atoi(v);
   gemm::validate(desc, cfg);  // bad shapes are bad input (exit code 2)
   return cfg;
 }
