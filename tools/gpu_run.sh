@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -188,6 +188,22 @@ if [[ " $what " == *" probe "* ]]; then
   timeout 120 $BIN/ccfuse_ag_transport_probe --json "$OUT/ag_transport_probe.jsonl" 2>&1 | tee "$OUT/ag_transport_probe.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("ag transport probe: rc=$rc (table in ag_transport_probe.log)")
+fi
+if [[ " $what " == *" gemm_budget "* ]]; then
+  # SM budgets with the engine's own config for each budget (ccfuse bench --sms: choose_config
+  # for that many SMs), on the hooks bench's shapes, full chip first; the summary's "SM budget"
+  # table compares each with the full-chip figure scaled by the SM share.
+  : > "$OUT/gemm_budget.jsonl"; : > "$OUT/gemm_budget.log"
+  for spec in "8192 14336 8192 nk" "8192 14336 8192 kn" "8192 8192 14336 nk" "4096 7168 4096 nk" "16384 8192 14336 nk"; do
+    set -- $spec
+    for sms in 0 124 116 100; do
+      opt=(); [ $sms = 0 ] || opt=(--sms $sms)
+      timeout 60 $BIN/ccfuse bench --op gemm --m $1 --n $2 --k $3 --b-layout $4 --dtype bf16 --iters 10 "${opt[@]}" \
+        --json "$OUT/gemm_budget.jsonl" < /dev/null >> "$OUT/gemm_budget.log" 2>&1 || status=1
+    done
+  done
+  python3 tools/summarize_gemm.py --table "$OUT/gemm_budget.jsonl" 2>&1 | tee "$OUT/gemm_budget_summary.log"
+  summary+=("gemm budget: gemm_budget_summary.log")
 fi
 if [[ " $what " == *" hooks "* ]]; then
   # GEMM hooks: ready predicate (all signals set) and SM budgets against the plain kernel.
