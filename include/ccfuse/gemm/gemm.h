@@ -88,8 +88,9 @@ struct GemmConfig {
   // Ping-pong consumers (plain problems, tma_store, the 128x128x64/5 tile, whole tiles): each
   // consumer warpgroup computes its own tiles, the two in turn, so that one's epilogue runs under
   // the other's mainloop (what cuBLASLt's 128x128 kernels do on K <= 1024). choose_config picks
-  // it, unpaired, for K <= 512 with more 128x128 tiles than SMs (measured 2026-12-01: +1.5 to
-  // +3.4 % there; in CTA pairs it had been level or slower; docs/gemm.md item 9).
+  // it, unpaired, for K <= 512 with more 128x128 tiles than SMs and for K <= 1024 with at least
+  // 20 waves of them (measured 2026-12-01: +1.5 to +3.4 % and +1.3 to +3.3 % there; in CTA pairs
+  // it had been level or slower; docs/gemm.md item 9).
   bool pingpong = false;
 };
 
