@@ -1,6 +1,9 @@
 // GEMM engine hooks on one GPU: the plain kernel against the same kernel with the ready predicate
 // on (every signal already published, so the producer checks and never waits), and SM budgets
 // (n_c SMs left free). cuBLAS (cublasGemmEx, default algorithm) in the same run for scale.
+// SM budgets twice: with the ready variant's fixed 128x256 kernel (the hooks' cost), and with the
+// engine's own choice for each budget (choose_config(desc, sms), as a fused op gets it) against the
+// engine's full-chip choice, all in the same interleaved rounds (one set of clocks).
 // Usage: ccfuse_gemm_hooks_bench [--iters N] [--json FILE]
 #include <cublas_v2.h>
 
@@ -163,7 +166,13 @@ int main(int argc, char** argv) {
             run(d, b, as[i % kSets], bs[i % kSets], c, s);
           });
         }
+        // The engine's own configs: full chip, then each budget.
+        std::vector<GemmConfig> engine_cfgs = {choose_config(d, prop.multiProcessorCount)};
+        for (int sms : budget_sms) engine_cfgs.push_back(choose_config(d, sms));
+        for (size_t ei = 0; ei < engine_cfgs.size(); ++ei)
+          variants.push_back([&, ei](int i) { run(d, engine_cfgs[ei], as[i % kSets], bs[i % kSets], c, s); });
         const std::vector<double> t = interleaved_medians(variants, iters, s);
+        const size_t e0 = 3 + budget_sms.size();  // first engine variant
         team.synchronize(s);
         const double t_plain = t[0], t_ready = t[1], t_cublas = t[2];
         std::string budget;
@@ -180,6 +189,17 @@ int main(int argc, char** argv) {
         std::snprintf(name, sizeof(name), "%ldx%ldx%ld", long(d.m), long(d.n), long(d.k));
         std::printf("%-22s %-3s %10.1f %10.1f %10.1f %8.4f |%s   [%s]\n", name, b_layout_name(sh.layout),
                     flop / t_plain / 1e9, flop / t_ready / 1e9, flop / t_cublas / 1e9, t_plain / t_ready, budget.c_str(), to_string(cfg).c_str());
+        std::string engine;
+        for (size_t bi = 0; bi < budget_sms.size(); ++bi) {
+          char buf[160];
+          std::snprintf(buf, sizeof(buf), " %d:%.0f (%.3f/%.3f = %.3f) [%s]", budget_sms[bi], flop / t[e0 + 1 + bi] / 1e9,
+                        t[e0] / t[e0 + 1 + bi], double(budget_sms[bi]) / prop.multiProcessorCount,
+                        t[e0] / t[e0 + 1 + bi] * prop.multiProcessorCount / budget_sms[bi],
+                        to_string(engine_cfgs[1 + bi]).c_str());
+          engine += buf;
+        }
+        std::printf("%-26s engine's own configs: full %.1f [%s] |%s\n", "", flop / t[e0] / 1e9,
+                    to_string(engine_cfgs[0]).c_str(), engine.c_str());
         if (out) {
           out << "{\"bench\":\"gemm_hooks\",\"op\":\"gemm\",\"m\":" << d.m << ",\"n\":" << d.n << ",\"k\":" << d.k
               << ",\"dtype\":\"bf16\",\"b_layout\":\"" << b_layout_name(sh.layout) << "\",\"gpu\":\"" << prop.name
@@ -188,6 +208,10 @@ int main(int argc, char** argv) {
               << t_ready << ",\"t_cublas_default_ms\":" << t_cublas << ",\"tflops_plain\":" << flop / t_plain / 1e9
               << ",\"tflops_cublas_default\":" << flop / t_cublas / 1e9;
           for (auto& [sms, t] : budgets) out << ",\"t_sms" << sms << "_ms\":" << t;
+          out << ",\"t_engine_full_ms\":" << t[e0] << ",\"engine_config_full\":\"" << to_string(engine_cfgs[0]) << "\"";
+          for (size_t bi = 0; bi < budget_sms.size(); ++bi)
+            out << ",\"t_engine_sms" << budget_sms[bi] << "_ms\":" << t[e0 + 1 + bi] << ",\"engine_config_sms"
+                << budget_sms[bi] << "\":\"" << to_string(engine_cfgs[1 + bi]) << "\"";
           out << "}\n";
         }
         for (int i = 0; i < kSets; ++i) {

@@ -174,13 +174,16 @@ if [[ " $what " == *" grouped "* ]]; then
   done < <(python3 tools/moe_grouped.py --only "${CCFUSE_GROUPED_ONLY:-}")
   echo "grouped section: $((SECONDS - t0)) s of ccfuse benches" | tee -a "$OUT/grouped.log"
   t0=$SECONDS
+  # With the C ABI present, ccfuse runs again in torch's process, interleaved with torch (same clocks).
+  grouped_lib=(); [ -f "$BIN/libccfuse_c.so" ] && grouped_lib=(--ccfuse-lib "$BIN/libccfuse_c.so")
   timeout 400 python3 tools/torch_grouped_bench.py --json "$OUT/grouped_torch.jsonl" --iters 20 \
-    --only "${CCFUSE_GROUPED_ONLY:-}" \
+    --only "${CCFUSE_GROUPED_ONLY:-}" "${grouped_lib[@]}" \
     > "$OUT/grouped_torch.log" 2>&1 || { status=1; tail -n 5 "$OUT/grouped_torch.log"; }
   echo "grouped section: $((SECONDS - t0)) s of torch benches" | tee -a "$OUT/grouped.log"
   python3 tools/merge_peer.py "$OUT/grouped.jsonl" "$OUT/grouped_torch.jsonl" --out "$OUT/grouped_merged.jsonl" \
     --table > "$OUT/grouped_summary.log" 2>&1 || status=1
   summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse + $(wc -l < "$OUT/grouped_torch.jsonl") torch records; $(grep -m1 '^geomean' "$OUT/grouped_summary.log")")
+  grep -q '^same-clock' "$OUT/grouped_summary.log" && summary+=("grouped: $(grep -m1 '^same-clock' "$OUT/grouped_summary.log")")
 fi
 if [[ " $what " == *" probe "* ]]; then
   # Design probes for the fused ag_gemm (docs/tp-fusion.md): copy engine + stream write-value

@@ -3,6 +3,7 @@
 per expert as `ccfuse bench --op grouped_gemm`) and appends one JSON line per case.
 
     python3 tools/torch_grouped_bench.py --json OUT.jsonl [--iters 20] [--warmup 5] [--only NAME]
+                                         [--ccfuse-lib build/libccfuse_c.so]
 
 Per case: A [rows, K] bf16, B [E, K, N] as torch wants it: for b_layout nk (ccfuse's default, a
 torch Linear weight [E, N, K]) B is w.transpose(-2, -1), a column-major view (no copy); for kn a
@@ -10,6 +11,14 @@ contiguous [E, K, N]. offs = int32 cumulative row ends (offs[-1] = rows); zero-r
 repeated offsets (torch accepts them on Hopper). Inputs uniform in [-1, 1) (as ccfuse's), rotated
 over enough copies that one pass streams > 256 MB (past the 60 MB L2); CUDA events around each
 call, warm-up, median. Needs torch (2.11 on the GPU machine) and nothing else.
+
+With --ccfuse-lib, ccfuse's grouped GEMM (the C ABI's ccfuse_grouped_gemm, through
+ccfuse.torch_ops.grouped_mm: the engine's default config, its prefix kernel included) runs in the
+same process on the same inputs, timed INTERLEAVED with torch (one call of each per round, so both
+see the same clocks under the power cap; timed in separate processes, torch's first case ran up to
+9 % faster than its later runs), after a 0.2 s warm-up of both; its output is compared with torch's
+over all rows (rel_err_ccfuse_vs_torch) and with an fp32 reference on the sampled rows. The record
+then carries t_ccfuse_interleaved_ms and pct_ccfuse_of_torch_interleaved.
 """
 import argparse
 import datetime
@@ -33,7 +42,37 @@ def grouped_mm_fn(torch):
     return fn
 
 
-def run_case(torch, mm, case, iters, warmup):
+def rel(got, ref):
+    return float((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+
+
+def timed_interleaved(torch, fns, rounds, warmup_s=0.2):
+    """Median ms of each fn(it), one call of each per round after warmup_s of back-to-back calls."""
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    it = 0
+    while True:
+        for fn in fns:
+            fn(it)
+        it += 1
+        stop = torch.cuda.Event(enable_timing=True)
+        stop.record()
+        stop.synchronize()
+        if start.elapsed_time(stop) >= warmup_s * 1000 and it >= 3:
+            break
+    events = [[] for _ in fns]
+    for r in range(rounds):
+        for i, fn in enumerate(fns):
+            s, t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn(it + r)
+            t.record()
+            events[i].append((s, t))
+    torch.cuda.synchronize()
+    return [statistics.median(s.elapsed_time(t) for s, t in ev) for ev in events]
+
+
+def run_case(torch, mm, case, iters, warmup, cf=None):
     dev = torch.device("cuda", 0)
     e, n, k = case["experts"], case["n"], case["k"]
     total = case["tokens"] * case["topk"]
@@ -66,7 +105,24 @@ def run_case(torch, mm, case, iters, warmup):
     lo = offs_list[big] - rows[big]
     sel = slice(lo, min(lo + 4, offs_list[big]))
     ref = ins[0][0][sel].float() @ ins[0][1][big].float()
-    rel_err = float((out[sel].float() - ref).norm() / ref.norm())
+    rel_err = rel(out[sel], ref)
+    extra = {}
+    if cf is not None:
+        counts = torch.tensor(rows, dtype=torch.int32, device=dev)
+        # ccfuse takes B as stored: a [E, N, K] Linear weight (nk: torch got its transposed view)
+        # or a contiguous [E, K, N] (kn)
+        nk = case["b_layout"] == "nk"
+        own = lambda b: b.transpose(-2, -1) if nk else b  # noqa: E731 - the storage ccfuse reads
+        outs = [torch.full_like(out, float("nan")) for _ in range(2)]
+        got = cf.grouped_mm(ins[0][0], own(ins[0][1]), counts, out=outs[0], b_is_weight=nk)
+        extra["rel_err_ccfuse"] = rel(got[sel], ref)
+        extra["rel_err_ccfuse_vs_torch"] = rel(got[:total], out[:total])
+        t_torch, t_ours = timed_interleaved(torch, [
+            lambda i: mm(ins[i % sets][0], ins[i % sets][1], offs=offs),
+            lambda i: cf.grouped_mm(ins[i % sets][0], own(ins[i % sets][1]), counts, out=outs[i % 2], b_is_weight=nk),
+        ], iters)
+        extra.update(t_torch_interleaved_ms=t_torch, t_ccfuse_interleaved_ms=t_ours,
+                     pct_ccfuse_of_torch_interleaved=100.0 * t_torch / t_ours)
     times = []
     torch.cuda.synchronize()
     for it in range(warmup + iters):
@@ -80,7 +136,7 @@ def run_case(torch, mm, case, iters, warmup):
     ms = statistics.median(s.elapsed_time(t) for s, t in times[warmup:])
     del ins, out
     torch.cuda.empty_cache()
-    return rows, ms, rel_err, sets
+    return rows, ms, rel_err, sets, extra
 
 
 def main():
@@ -89,8 +145,15 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--only", default="", help="run cases whose name contains this text")
+    p.add_argument("--ccfuse-lib", default="", help="libccfuse_c.so: time ccfuse's grouped GEMM interleaved with torch")
     args = p.parse_args()
     import torch
+    cf = None
+    if args.ccfuse_lib:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        from ccfuse import torch_ops as cf  # noqa: E402
+        from ccfuse._capi import Ccfuse  # noqa: E402
+        cf._local_lib = Ccfuse(args.ccfuse_lib)
 
     mm = grouped_mm_fn(torch)
     gpu = torch.cuda.get_device_name(0)
@@ -105,11 +168,17 @@ def main():
                        topk=case["topk"], tokens_per_rank=case["tokens"], routing=case["routing"],
                        b_layout=case["b_layout"], name=case["name"], tokens_per_gpu=case["tokens_per_gpu"])
             try:
-                rows, ms, rel_err, sets = run_case(torch, mm, case, args.iters, args.warmup)
+                rows, ms, rel_err, sets, extra = run_case(torch, mm, case, args.iters, args.warmup, cf)
                 rec.update(t_torch_ms=ms, tflops_torch=2.0 * total * case["n"] * case["k"] / (ms * 1e9),
-                           rel_err_torch=rel_err, group_rows=rows, rotated_sets=sets)
-                print("%-22s %-10s torch._grouped_mm %8.4f ms %6.1f TFLOP/s rel_err %.2e" %
-                      (case["name"], case["routing"], ms, rec["tflops_torch"], rel_err), flush=True)
+                           rel_err_torch=rel_err, group_rows=rows, rotated_sets=sets, **extra)
+                line = "%-22s %-10s torch._grouped_mm %8.4f ms %6.1f TFLOP/s rel_err %.2e" % (
+                    case["name"], case["routing"], ms, rec["tflops_torch"], rel_err)
+                if extra:
+                    line += " | interleaved: torch %.4f ccfuse %.4f ms (%.1f %%), ccfuse rel_err %.2e, vs torch %.2e" % (
+                        extra["t_torch_interleaved_ms"], extra["t_ccfuse_interleaved_ms"],
+                        extra["pct_ccfuse_of_torch_interleaved"], extra["rel_err_ccfuse"],
+                        extra["rel_err_ccfuse_vs_torch"])
+                print(line, flush=True)
             except Exception as e:  # noqa: BLE001 - a refused case is recorded, not fatal
                 rec.update(t_torch_ms=None, tflops_torch=None, error="%s: %s" % (type(e).__name__, e))
                 print("%-22s %-10s torch._grouped_mm failed: %s" % (case["name"], case["routing"], rec["error"]),

@@ -25,6 +25,20 @@
  * ccfuse_swiglu_permutation(F, perm): perm[i] (2F entries) = the row of [gate rows | up rows]
  * that becomes row i of w1.
  *
+ * Single-GPU GEMMs on the current device (the engine of ccfuse/gemm/gemm.h with its own choice of
+ * config; no Team needed). dtype 0 = bf16, 1 = fp16; inputs and outputs in that dtype, fp32
+ * accumulation; pointers 16-byte aligned, rows contiguous (leading dimensions = the row lengths).
+ *   ccfuse_gemm(m, n, k, dtype, b_kn, a, b, c, stream)      c [m, n] = a [m, k] @ b, b [k, n]
+ *                                                          (b_kn = 1) or [n, k] (b_kn = 0)
+ *   ccfuse_grouped_gemm_workspace_bytes(num_groups, &bytes)
+ *   ccfuse_grouped_gemm(G, max_rows, n, k, dtype, b_kn, a, b, c, group_rows, workspace, stream)
+ * The grouped form (MoE experts): group_rows = G int32 counts in device memory (read on the device:
+ * no host sync, CUDA-graph capturable); group g's rows [off_g, off_g + rows_g) of c [max_rows, n]
+ * = the same rows of a [max_rows, k] @ b[g], b [G, k, n] (b_kn = 1) or [G, n, k] (b_kn = 0);
+ * off_g is the prefix sum of the counts. Rows past the counts' total are not written; rows past
+ * max_rows are dropped. workspace: device memory of ccfuse_grouped_gemm_workspace_bytes bytes,
+ * 16-byte aligned, used in stream order (one per concurrently running call).
+ *
  * Every function returns 0 on success; otherwise nonzero, and ccfuse_last_error() (this thread's
  * last failure) names the argument and the rule it broke.
  */
@@ -54,6 +68,11 @@ int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, c
 int ccfuse_moe_ffn_describe(ccfuse_moe_ffn* ffn, const char** out);
 int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn);
 int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm);
+int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void* a, const void* b, void* c,
+                void* stream);
+int ccfuse_grouped_gemm_workspace_bytes(int num_groups, int64_t* bytes);
+int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, int dtype, int b_kn, const void* a,
+                        const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);
 int ccfuse_finalize(void);
 const char* ccfuse_last_error(void);
 

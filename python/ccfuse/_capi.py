@@ -10,6 +10,9 @@ ccfuse.torch_ops wraps it for torch tensors).
     moe = lib.moe_ffn_create(max_tokens, hidden, ffn, experts, topk)   # w1 rows in swiglu_permutation order
     moe.run(x, tokens, topk_ids, topk_w, w1, w2, out, stream)        # device pointers, int32 ids
     moe.close(); lib.finalize()
+    lib.gemm(m, n, k, a, b, c, stream, b_kn=False)          # single GPU, no Team: c = a @ b
+    ws = lib.grouped_gemm_workspace_bytes(num_groups)       # bytes of device memory for:
+    lib.grouped_gemm(num_groups, max_rows, n, k, a, b, c, group_rows, workspace, stream)
 
 Errors raise CcfuseError with the library's message (the argument and the rule it broke)."""
 import ctypes
@@ -75,6 +78,10 @@ class Ccfuse:
         d.ccfuse_moe_ffn_describe.argtypes = [vp, ctypes.POINTER(ctypes.c_char_p)]
         d.ccfuse_moe_ffn_destroy.argtypes = [vp]
         d.ccfuse_swiglu_permutation.argtypes = [i64, ctypes.POINTER(i64)]
+        d.ccfuse_gemm.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp]
+        d.ccfuse_grouped_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(i64)]
+        d.ccfuse_grouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp,
+                                          vp, vp]
 
     def _check(self, rc):
         if rc != 0:
@@ -104,6 +111,28 @@ class Ccfuse:
         buf = (ctypes.c_int64 * (2 * ffn))()
         self._check(self._dll.ccfuse_swiglu_permutation(ffn, buf))
         return list(buf)
+
+    DTYPES = {"bf16": 0, "fp16": 1}
+
+    def _dtype(self, dtype):
+        if dtype not in self.DTYPES:
+            raise CcfuseError("dtype %r must be one of %s" % (dtype, ", ".join(self.DTYPES)))
+        return self.DTYPES[dtype]
+
+    def gemm(self, m, n, k, a, b, c, stream, b_kn=True, dtype="bf16"):
+        """c [m, n] = a [m, k] @ b ([k, n] with b_kn, else [n, k]) on the current device; no Team."""
+        self._check(self._dll.ccfuse_gemm(m, n, k, self._dtype(dtype), 1 if b_kn else 0, a, b, c, stream))
+
+    def grouped_gemm_workspace_bytes(self, num_groups):
+        v = ctypes.c_int64()
+        self._check(self._dll.ccfuse_grouped_gemm_workspace_bytes(num_groups, ctypes.byref(v)))
+        return v.value
+
+    def grouped_gemm(self, num_groups, max_rows, n, k, a, b, c, group_rows, workspace, stream, b_kn=True,
+                     dtype="bf16"):
+        """Per group g, its rows of c = the same rows of a @ b[g]; group_rows: int32 counts on the device."""
+        self._check(self._dll.ccfuse_grouped_gemm(num_groups, max_rows, n, k, self._dtype(dtype), 1 if b_kn else 0,
+                                                  a, b, c, group_rows, workspace, stream))
 
     def finalize(self):
         self._check(self._dll.ccfuse_finalize())

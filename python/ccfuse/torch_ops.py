@@ -11,10 +11,15 @@
     out = moe(x, topk_ids, topk_w)             # [T, H]
     cf.finalize()                              # before dist.destroy_process_group()
 
+    c = cf.mm(a, b)                            # single GPU, no init() needed: a [M, K] @ b [K, N]
+    c = cf.grouped_mm(x, w, group_rows, b_is_weight=True)   # MoE experts: x [R, K], w [G, N, K],
+                                               # group_rows int32 [G] on the GPU (rows per expert)
+
 Every call is collective: all ranks call the same ops with the same shapes in the same order
 (the ops are cached per shape, and creating one allocates symmetric memory on every rank). The
 calls run on torch's current stream with no host synchronisation, so they compose with the
-caching allocator's stream semantics. bf16 only. Weights of the TP ops: b is [K, N] (a @ b), or
+caching allocator's stream semantics. bf16 only (mm and grouped_mm: bf16 or fp16; they are not
+collective and load the library on first use). Weights of the TP ops: b is [K, N] (a @ b), or
 a torch.nn.Linear weight [N, K] with b_is_weight=True. Bad input raises ValueError naming the
 argument and the rule; the library's own checks raise ccfuse.CcfuseError.
 """
@@ -23,6 +28,7 @@ import torch
 from ._capi import Ccfuse
 
 _lib = None
+_local_lib = None  # loaded by mm / grouped_mm when init() was not called (no Team)
 _ops = {}
 
 
@@ -53,13 +59,23 @@ def _need_lib():
     return _lib
 
 
+def _gemm_lib():
+    global _local_lib
+    if _lib is not None:
+        return _lib
+    if _local_lib is None:
+        _local_lib = Ccfuse()
+    return _local_lib
+
+
 def _check(name, t, ndim, dtype=torch.bfloat16):
     if not isinstance(t, torch.Tensor):
         raise ValueError("%s must be a torch.Tensor, got %s" % (name, type(t).__name__))
     if t.device.type != "cuda":
         raise ValueError("%s must be a CUDA tensor, got device %s" % (name, t.device))
-    if t.dtype != dtype:
-        raise ValueError("%s must be %s, got %s" % (name, dtype, t.dtype))
+    if t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
+        raise ValueError("%s must be %s, got %s" % (name, " or ".join(str(d) for d in (
+            dtype if isinstance(dtype, tuple) else (dtype,))), t.dtype))
     if t.dim() != ndim:
         raise ValueError("%s must have %d dimensions, got shape %s" % (name, ndim, tuple(t.shape)))
     if not t.is_contiguous():
@@ -69,10 +85,17 @@ def _check(name, t, ndim, dtype=torch.bfloat16):
 def _out(name, out, shape, like):
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
-    _check(name, out, len(shape))
+    _check(name, out, len(shape), like.dtype)
     if tuple(out.shape) != tuple(shape):
         raise ValueError("%s must have shape %s, got %s" % (name, tuple(shape), tuple(out.shape)))
     return out
+
+
+def _no_overlap(out, **inputs):
+    for name, t in inputs.items():
+        if (out.data_ptr() < t.data_ptr() + t.numel() * t.element_size()
+                and t.data_ptr() < out.data_ptr() + out.numel() * out.element_size()):
+            raise ValueError("out must not overlap %s" % name)
 
 
 def _tp(op, a, b, b_is_weight, out):
@@ -97,9 +120,7 @@ def _tp(op, a, b, b_is_weight, out):
     if key not in _ops:
         _ops[key] = lib.tp_create(op, m, n, k, b_kn=not b_is_weight)
     c = _out("out", out, out_shape, a)
-    for name, t in (("a", a), ("b", b)):
-        if c.data_ptr() < t.data_ptr() + t.numel() * t.element_size() and t.data_ptr() < c.data_ptr() + c.numel() * 2:
-            raise ValueError("out must not overlap %s" % name)
+    _no_overlap(c, a=a, b=b)
     _ops[key].run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream)
     return c
 
@@ -117,6 +138,55 @@ def gemm_rs(a, b, out=None, b_is_weight=False):
 def gemm_ar(a, b, out=None, b_is_weight=False):
     """AllReduce(a @ b) split along M: a [M, K/W], b [K/W, N] -> [M, N]."""
     return _tp("gemm_ar", a, b, b_is_weight, out)
+
+
+_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _gemm_dtype(a, b, b_ndim):
+    _check("a", a, 2, _GEMM_DTYPES)
+    _check("b", b, b_ndim, a.dtype)  # b in a's dtype
+    return "bf16" if a.dtype == torch.bfloat16 else "fp16"
+
+
+def mm(a, b, out=None, b_is_weight=False):
+    """a [M, K] @ b [K, N] (or b [N, K], a Linear weight, with b_is_weight) -> [M, N] on one GPU."""
+    dtype = _gemm_dtype(a, b, 2)
+    m, k = a.shape
+    k_b, n = (b.shape[1], b.shape[0]) if b_is_weight else (b.shape[0], b.shape[1])
+    if k_b != k:
+        raise ValueError("mm: a is %s but b is %s: its K must be %d" % (tuple(a.shape), tuple(b.shape), k))
+    c = _out("out", out, (m, n), a)
+    _no_overlap(c, a=a, b=b)
+    _gemm_lib().gemm(m, n, k, a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream,
+                     b_kn=not b_is_weight, dtype=dtype)
+    return c
+
+
+def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
+    """MoE experts on one GPU: rows [off_g, off_g + group_rows[g]) of the result = the same rows of a @ b[g].
+
+    a [R, K] (rows sorted by group); b [G, K, N], or [G, N, K] (Linear weights) with b_is_weight;
+    group_rows: int32 [G] on the GPU (read there: no host sync, capturable in a CUDA graph), off_g
+    its prefix sum (from torch._grouped_mm's offs: torch.diff(offs, prepend=offs.new_zeros(1))).
+    Returns [R, N]; rows past sum(group_rows) are not written, rows past R are dropped.
+    """
+    dtype = _gemm_dtype(a, b, 3)
+    _check("group_rows", group_rows, 1, torch.int32)
+    rows, k = a.shape
+    g = b.shape[0]
+    k_b, n = (b.shape[2], b.shape[1]) if b_is_weight else (b.shape[1], b.shape[2])
+    if k_b != k:
+        raise ValueError("grouped_mm: a is %s but b is %s: its K must be %d" % (tuple(a.shape), tuple(b.shape), k))
+    if group_rows.shape[0] != g:
+        raise ValueError("group_rows must have one count per group of b (%d), got %d" % (g, group_rows.shape[0]))
+    c = _out("out", out, (rows, n), a)
+    _no_overlap(c, a=a, b=b)
+    lib = _gemm_lib()
+    ws = torch.empty((lib.grouped_gemm_workspace_bytes(g),), dtype=torch.uint8, device=a.device)
+    lib.grouped_gemm(g, rows, n, k, a.data_ptr(), b.data_ptr(), c.data_ptr(), group_rows.data_ptr(), ws.data_ptr(),
+                     torch.cuda.current_stream(a.device).cuda_stream, b_kn=not b_is_weight, dtype=dtype)
+    return c
 
 
 class MoeFfn:

@@ -3,13 +3,16 @@
 
 #include <algorithm>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ccfuse/comm/team.h"
 #include "ccfuse/common/error.h"
+#include "ccfuse/gemm/gemm.h"
 #include "ccfuse/tp/ag_gemm.h"
 #include "ccfuse/moe/moe_ffn.h"
 #include "ccfuse/moe/moe_tuner.h"
@@ -53,6 +56,21 @@ ccfuse::comm::Team& the_team() {
   std::lock_guard<std::mutex> lock(team_mu);
   CCFUSE_ARG_CHECK(team != nullptr, "no Team: call ccfuse_init_from_env() first");
   return *team;
+}
+
+// The C ABI's dtype and b_kn codes, checked.
+ccfuse::DType gemm_dtype(int dtype) {
+  CCFUSE_ARG_CHECK(dtype == 0 || dtype == 1, "dtype ", dtype, " must be 0 (bf16) or 1 (fp16)");
+  return dtype == 0 ? ccfuse::DType::kBFloat16 : ccfuse::DType::kFloat16;
+}
+
+ccfuse::gemm::BLayout gemm_b_layout(int b_kn) {
+  CCFUSE_ARG_CHECK(b_kn == 0 || b_kn == 1, "b_kn ", b_kn, " must be 0 (B is [n, k]) or 1 (B is [k, n])");
+  return b_kn ? ccfuse::gemm::BLayout::kKN : ccfuse::gemm::BLayout::kNK;
+}
+
+void check_pointers(std::initializer_list<std::pair<const void*, const char*>> ptrs) {
+  for (auto [p, name] : ptrs) CCFUSE_ARG_CHECK(p != nullptr, name, " must not be null");
 }
 
 }  // namespace
@@ -204,6 +222,51 @@ int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm) {
     CCFUSE_ARG_CHECK(ffn > 0 && ffn % 128 == 0, "ffn ", ffn, " must be a positive multiple of 128 (SwiGLU tiles)");
     const std::vector<int64_t> p = ccfuse::gemm::swiglu_column_permutation(ffn, 256);
     std::copy(p.begin(), p.end(), perm);
+  });
+}
+
+int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void* a, const void* b, void* c,
+                void* stream) {
+  return guarded([&] {
+    ccfuse::gemm::GemmDesc d;
+    d.m = m;
+    d.n = n;
+    d.k = k;
+    d.dtype = gemm_dtype(dtype);
+    d.b_layout = gemm_b_layout(b_kn);
+    CCFUSE_ARG_CHECK(m > 0 && n > 0 && k > 0, "m, n and k (", m, ", ", n, ", ", k, ") must be positive");
+    check_pointers({{a, "a"}, {b, "b"}, {c, "c"}});
+    const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms());
+    ccfuse::gemm::run(d, cfg, a, b, c, stream);
+  });
+}
+
+int ccfuse_grouped_gemm_workspace_bytes(int num_groups, int64_t* bytes) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(bytes != nullptr, "bytes must not be null");
+    CCFUSE_ARG_CHECK(num_groups > 0, "num_groups ", num_groups, " must be positive");
+    ccfuse::gemm::GroupedGemmDesc d;
+    d.num_groups = num_groups;
+    *bytes = int64_t(ccfuse::gemm::grouped_workspace_bytes(d));
+  });
+}
+
+int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, int dtype, int b_kn, const void* a,
+                        const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream) {
+  return guarded([&] {
+    ccfuse::gemm::GroupedGemmDesc d;
+    d.num_groups = num_groups;
+    d.max_rows = max_rows;
+    d.n = n;
+    d.k = k;
+    d.dtype = gemm_dtype(dtype);
+    d.b_layout = gemm_b_layout(b_kn);
+    CCFUSE_ARG_CHECK(num_groups > 0, "num_groups ", num_groups, " must be positive");
+    CCFUSE_ARG_CHECK(max_rows > 0 && n > 0 && k > 0, "max_rows, n and k (", max_rows, ", ", n, ", ", k,
+                     ") must be positive");
+    check_pointers({{a, "a"}, {b, "b"}, {c, "c"}, {group_rows, "group_rows"}, {workspace, "workspace"}});
+    const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms());
+    ccfuse::gemm::grouped_run(d, cfg, a, b, c, group_rows, workspace, nullptr, stream);
   });
 }
 

@@ -110,6 +110,10 @@ struct BenchRecord {
   std::string routing, baseline;
   std::vector<int64_t> group_rows;
   double tflops_baseline = -1, pct_of_baseline = -1, rel_err_baseline = -1;
+  // An A/B variant of ccfuse's own config timed interleaved with t_fused_ms in the same rounds
+  // (--op grouped_gemm with CCFUSE_GROUPED_AB_GROUP_M): its config and median; written when set.
+  std::string variant_config;
+  double t_variant_ms = -1;
 };
 std::string to_json_line(const BenchRecord& r);
 

@@ -516,13 +516,30 @@ BenchRecord gpu_grouped_bench(const Options& o, std::ostream& log) {
     gemm::grouped_run(desc, cfg, a[s]->get(), b[s]->get(), c[s]->get(), static_cast<const int*>(rows_dev.get()),
                       workspace.get(), nullptr, stream.s);
   };
-  double t_ccfuse = -1;
+  // CCFUSE_GROUPED_AB_GROUP_M=N (A/B runs): the engine's config with groups of N row tiles in the
+  // raster, a third variant in the same interleaved rounds (t_variant_ms).
+  const int ab_group_m = env_int("CCFUSE_GROUPED_AB_GROUP_M", 0, 0, 1 << 20, "row tiles");
+  gemm::GemmConfig variant_cfg = cfg;
+  variant_cfg.group_m = ab_group_m;
+  const auto variant_run = [&](int it) {
+    const size_t s = set_of(it);
+    gemm::grouped_run(desc, variant_cfg, a[s]->get(), b[s]->get(), c[s]->get(), static_cast<const int*>(rows_dev.get()),
+                      workspace.get(), nullptr, stream.s);
+  };
+  double t_ccfuse = -1, t_variant = -1;
   if (cublas_run) {
     median_ms(stream.s, 1, 3, log, cublas_run);  // warm the clocks (not recorded)
     // Interleaved (gpu_bench_util.cuh): clock drift must not favour whichever runs first.
-    const auto t = medians_interleaved(stream.s, o.warmup, o.iters, log, {ccfuse_run, cublas_run});
+    std::vector<std::function<void(int)>> runs = {ccfuse_run, cublas_run};
+    if (ab_group_m > 0) runs.push_back(variant_run);
+    const auto t = medians_interleaved(stream.s, o.warmup, o.iters, log, runs);
     t_ccfuse = t[0];
     t_cublas = t[1];
+    if (ab_group_m > 0) {
+      t_variant = t[2];
+      log << "gpu: variant " << gemm::to_string(variant_cfg) << " " << t_variant << " ms (" << tflops_of(o, t_variant)
+          << " TFLOP/s), interleaved\n";
+    }
   } else {
     t_ccfuse = median_ms(stream.s, o.warmup, o.iters, log, ccfuse_run);
   }
@@ -558,6 +575,10 @@ BenchRecord gpu_grouped_bench(const Options& o, std::ostream& log) {
   rec.b_layout = gemm::b_layout_name(o.b_layout);
   rec.gpu_sms = dev.sms;
   rec.group_rows = p.rows;
+  if (t_variant > 0) {
+    rec.variant_config = gemm::to_string(variant_cfg);
+    rec.t_variant_ms = t_variant;
+  }
   rec.notes = str_cat("grouped GEMM: t_fused = ccfuse grouped_run (rows per expert read from device memory), "
                       "t_gemm = cublasGemmGroupedBatchedEx (",
                       blas.groups(), " groups, one per non-empty expert, host-known sizes); rel_err over ",

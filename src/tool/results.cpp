@@ -319,6 +319,8 @@ std::string to_json_line(const BenchRecord& r) {
   opt_number("pct_of_baseline", r.pct_of_baseline);
   opt_number("rel_err_baseline", r.rel_err_baseline);
   opt_string("baseline", r.baseline);
+  opt_string("variant_config", r.variant_config);
+  opt_number("t_variant_ms", r.t_variant_ms);
   if (!r.group_rows.empty()) {
     os << ",\"group_rows\":[";
     for (size_t i = 0; i < r.group_rows.size(); ++i) os << (i ? "," : "") << r.group_rows[i];

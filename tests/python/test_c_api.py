@@ -53,6 +53,24 @@ class CApi(unittest.TestCase):
         r = self.run_child("p = lib.swiglu_permutation(256)\nprint(p[0], p[127], p[128], p[255], p[256], p[384], len(p))\n")
         self.assertEqual(r.stdout.split(), ["0", "127", "256", "383", "128", "384", "512"], r.stderr)
 
+    def test_gemm_entry_points(self):
+        # single-GPU GEMMs need no Team; their argument checks come before any CUDA call
+        self.expect_error("lib.gemm(0, 8, 8, 1, 1, 1, 0)", "m, n and k (0, 8, 8) must be positive")
+        self.expect_error("lib.gemm(8, 8, 8, 0, 1, 1, 0)", "a must not be null")
+        self.expect_error("lib.gemm(8, 8, 8, 1, 1, 1, 0, dtype='fp32')", "dtype 'fp32' must be one of bf16, fp16")
+        self.expect_error("lib._check(lib._dll.ccfuse_gemm(8, 8, 8, 2, 0, None, None, None, None))",
+                          "dtype 2 must be 0 (bf16) or 1 (fp16)")
+        self.expect_error("lib._check(lib._dll.ccfuse_gemm(8, 8, 8, 0, 3, None, None, None, None))",
+                          "b_kn 3 must be 0 (B is [n, k]) or 1 (B is [k, n])")
+        self.expect_error("lib.grouped_gemm_workspace_bytes(0)", "num_groups 0 must be positive")
+        self.expect_error("lib.grouped_gemm(0, 64, 64, 64, 1, 1, 1, 1, 1, 0)", "num_groups 0 must be positive")
+        self.expect_error("lib.grouped_gemm(4, 64, 0, 64, 1, 1, 1, 1, 1, 0)",
+                          "max_rows, n and k (64, 0, 64) must be positive")
+        self.expect_error("lib.grouped_gemm(4, 64, 64, 64, 1, 1, 1, 0, 1, 0)", "group_rows must not be null")
+        self.expect_error("lib.grouped_gemm(4, 64, 64, 64, 1, 1, 1, 1, 0, 0)", "workspace must not be null")
+        r = self.run_child("print(lib.grouped_gemm_workspace_bytes(8) >= 8 * 4)\n")
+        self.assertEqual(r.stdout.strip(), "True", r.stderr)
+
     def test_finalize_without_team_is_fine(self):
         r = self.run_child("lib.finalize()\nprint('ok')\n")
         self.assertEqual(r.stdout.strip(), "ok", r.stderr)

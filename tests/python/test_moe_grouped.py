@@ -58,6 +58,24 @@ class MergeTest(unittest.TestCase):
         # Merging twice keeps the cuBLAS time (t_gemm_ms now holds the best).
         (r2,) = merge_peer.merge([r], [torch])
         self.assertEqual(r2["t_cublas_grouped_ms"], 15.0)
+        self.assertNotIn("pct_of_baseline_interleaved", r2)  # no interleaved torch figures
+
+    def test_same_clock_ratio(self):
+        # ccfuse vs torch interleaved in torch's process, vs cuBLAS interleaved in ccfuse's bench:
+        # the lower of the two ratios, each measured in one set of clocks.
+        base = dict(op="grouped_gemm", experts=4, topk=2, tokens_per_rank=8192, n=28672, k=4096, routing="uniform",
+                    b_layout="nk", dtype="bf16", m=16384)
+        ccfuse = dict(base, t_fused_ms=6.0, t_gemm_ms=9.0, baseline="cublas_grouped")
+        torch = dict(base, source="torch", t_torch_ms=5.5, t_torch_interleaved_ms=5.8, t_ccfuse_interleaved_ms=6.1,
+                     pct_ccfuse_of_torch_interleaved=100.0 * 5.8 / 6.1)
+        (r,) = merge_peer.merge([ccfuse], [torch])
+        self.assertAlmostEqual(r["pct_of_baseline"], 100.0 * 5.5 / 6.0)
+        self.assertAlmostEqual(r["pct_of_baseline_interleaved"], 100.0 * 5.8 / 6.1)
+        self.assertEqual(r["baseline_interleaved"], "torch_grouped_mm")
+        t = merge_peer.table([r])
+        self.assertIn("same-clock pct of best baseline (each interleaved with ccfuse): geomean 95.1%, min 95.1%", t)
+        (r,) = merge_peer.merge([dict(ccfuse, t_gemm_ms=5.0)], [torch])  # cuBLAS the closer one now
+        self.assertEqual((r["baseline_interleaved"], round(r["pct_of_baseline_interleaved"], 2)), ("cublas_grouped", 83.33))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def fake_torch():
     t = types.ModuleType("torch")
     t.Tensor = FakeTensor
     t.bfloat16, t.float32, t.int32, t.long = "bfloat16", "float32", "int32", "int64"
+    t.float16, t.uint8 = "float16", "uint8"
     t.empty = lambda shape, dtype=None, device=None: FakeTensor(shape, dtype)
     t.tensor = lambda data, dtype=None, device=None: FakeTensor((len(data),), dtype)
     stream = types.SimpleNamespace(cuda_stream=1234)
@@ -101,6 +102,15 @@ class FakeLib:
 
     def finalize(self):
         self.log.append(("finalize",))
+
+    def gemm(self, *args, **kw):
+        self.log.append(("gemm",) + args + tuple(sorted(kw.items())))
+
+    def grouped_gemm_workspace_bytes(self, g):
+        return 16 * g + 32
+
+    def grouped_gemm(self, *args, **kw):
+        self.log.append(("grouped_gemm",) + args + tuple(sorted(kw.items())))
 
 
 class TorchOps(unittest.TestCase):
@@ -184,6 +194,50 @@ class TorchOps(unittest.TestCase):
                    "w2 must be [E/W, H, F] = (4, 512, 128) for w1 (4, 256, 512), got (4, 512, 64)")
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
+
+    def test_mm_and_grouped_mm(self):
+        cf, log = self.cf, self.lib.log
+        a, w = self.bf16(300, 512), self.bf16(1024, 512)  # a Linear weight [N, K]
+        c = cf.mm(a, w, b_is_weight=True)
+        self.assertEqual(c.shape, (300, 1024))
+        self.assertEqual(log[-1], ("gemm", 300, 1024, 512, a.data_ptr(), w.data_ptr(), c.data_ptr(), 1234,
+                                   ("b_kn", False), ("dtype", "bf16")))
+        h = FakeTensor((300, 512), "float16")
+        cf.mm(h, FakeTensor((512, 64), "float16"))
+        self.assertEqual(log[-1][-2:], (("b_kn", True), ("dtype", "fp16")))
+        x, experts, rows = self.bf16(4096, 512), self.bf16(8, 1536, 512), FakeTensor((8,), "int32")
+        y = cf.grouped_mm(x, experts, rows, b_is_weight=True)
+        self.assertEqual(y.shape, (4096, 1536))
+        call = log[-1]
+        self.assertEqual(call[:9], ("grouped_gemm", 8, 4096, 1536, 512, x.data_ptr(), experts.data_ptr(), y.data_ptr(),
+                                    rows.data_ptr()))
+        self.assertEqual(call[-3:], (1234, ("b_kn", False), ("dtype", "bf16")))
+        y2 = cf.grouped_mm(x, self.bf16(8, 512, 1536), rows)  # b [G, K, N]
+        self.assertEqual((y2.shape, log[-1][-2]), ((4096, 1536), ("b_kn", True)))
+        # without init(): the library is loaded on first use (no Team)
+        cf._lib = None
+        cf._local_lib = self.lib
+        cf.mm(a, w, b_is_weight=True)
+        self.assertEqual(log[-1][0], "gemm")
+
+    def test_mm_bad_input(self):
+        cf = self.cf
+        a = self.bf16(300, 512)
+        self.error(lambda: cf.mm(FakeTensor((300, 512), "float32"), a),
+                   "a must be bfloat16 or float16, got float32")
+        self.error(lambda: cf.mm(a, FakeTensor((512, 64), "float16")), "b must be bfloat16, got float16")
+        self.error(lambda: cf.mm(a, self.bf16(500, 64)), "mm: a is (300, 512) but b is (500, 64): its K must be 512")
+        self.error(lambda: cf.mm(a, self.bf16(512, 64), out=FakeTensor((300, 64), "float16")),
+                   "out must be bfloat16, got float16")
+        self.error(lambda: cf.mm(a, self.bf16(512, 512), out=a), "out must not overlap a")
+        x, rows = self.bf16(64, 512), FakeTensor((4,), "int32")
+        self.error(lambda: cf.grouped_mm(x, self.bf16(4, 256, 256), rows),
+                   "grouped_mm: a is (64, 512) but b is (4, 256, 256): its K must be 512")
+        self.error(lambda: cf.grouped_mm(x, self.bf16(4, 512, 256), FakeTensor((4,), "int64")),
+                   "group_rows must be int32, got int64")
+        self.error(lambda: cf.grouped_mm(x, self.bf16(5, 512, 256), rows),
+                   "group_rows must have one count per group of b (5), got 4")
+        self.error(lambda: cf.grouped_mm(x, self.bf16(512, 256), rows), "b must have 3 dimensions, got shape (512, 256)")
 
 
 if __name__ == "__main__":
