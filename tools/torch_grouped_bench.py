@@ -164,7 +164,8 @@ def main():
                 continue
             total = case["tokens"] * case["topk"]
             rec = dict(op="grouped_gemm", source="torch", world_size=1, m=total, n=case["n"], k=case["k"],
-                       dtype="bf16", gpu=gpu, date=date, torch=torch.__version__, experts=case["experts"],
+                       dtype="bf16", gpu=gpu, date=date, commit=os.environ.get("CCFUSE_COMMIT", "unknown"),
+                       command=" ".join(sys.argv), torch=torch.__version__, experts=case["experts"],
                        topk=case["topk"], tokens_per_rank=case["tokens"], routing=case["routing"],
                        b_layout=case["b_layout"], name=case["name"], tokens_per_gpu=case["tokens_per_gpu"])
             try:
