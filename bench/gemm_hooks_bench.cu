@@ -13,6 +13,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/gemm/gemm.h"
 #include "ccfuse/gemm/ready_schedule.cuh"
+#include "src/tool/gpu_bench_util.cuh"
 
 using namespace ccfuse;
 using namespace ccfuse::gemm;
@@ -40,35 +42,6 @@ __global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
 __global__ void publish_all(comm::DeviceSignals sig, int n) {
   const epoch_t e = comm::current_epoch(sig);
   for (int i = threadIdx.x; i < n; i += blockDim.x) comm::notify(sig, sig.rank, i, e);
-}
-
-// Times every variant once per round, rounds repeated: all variants see the same clocks and
-// temperature (back-to-back blocks of one variant drifted by up to 20 % between blocks on H200).
-std::vector<double> interleaved_medians(const std::vector<std::function<void(int)>>& variants, int iters,
-                                        cudaStream_t s) {
-  cudaEvent_t a, b;
-  CCFUSE_CUDA_CHECK(cudaEventCreate(&a));
-  CCFUSE_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<std::vector<double>> ms(variants.size());
-  for (int round = 0; round < iters + 3; ++round) {
-    for (size_t v = 0; v < variants.size(); ++v) {
-      CCFUSE_CUDA_CHECK(cudaEventRecord(a, s));
-      variants[v](round);
-      CCFUSE_CUDA_CHECK(cudaEventRecord(b, s));
-      CCFUSE_CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      CCFUSE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      if (round >= 3) ms[v].push_back(t);
-    }
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::vector<double> out;
-  for (auto& v : ms) {
-    std::sort(v.begin(), v.end());
-    out.push_back(v[v.size() / 2]);
-  }
-  return out;
 }
 
 }  // namespace
@@ -171,7 +144,12 @@ int main(int argc, char** argv) {
         for (int sms : budget_sms) engine_cfgs.push_back(choose_config(d, sms));
         for (size_t ei = 0; ei < engine_cfgs.size(); ++ei)
           variants.push_back([&, ei](int i) { run(d, engine_cfgs[ei], as[i % kSets], bs[i % kSets], c, s); });
-        const std::vector<double> t = interleaved_medians(variants, iters, s);
+        // Every variant once per round, rounds repeated, queued behind a stream hold (the tool's
+        // timing loop): all variants see the same clocks, and no launch's host work (descriptor
+        // encoding, a synchronise before each run) lands inside a timed interval. (Timed with a
+        // synchronise after each run until 2026-12-02, the ready variant's host-side launch showed
+        // as 1-4 % on the 0.37 ms shape.)
+        const std::vector<double> t = tool::medians_interleaved(s, 3, iters, std::cerr, variants);
         const size_t e0 = 3 + budget_sms.size();  // first engine variant
         team.synchronize(s);
         const double t_plain = t[0], t_ready = t[1], t_cublas = t[2];

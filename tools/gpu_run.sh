@@ -180,6 +180,13 @@ if [[ " $what " == *" grouped "* ]]; then
     --only "${CCFUSE_GROUPED_ONLY:-}" "${grouped_lib[@]}" \
     > "$OUT/grouped_torch.log" 2>&1 || { status=1; tail -n 5 "$OUT/grouped_torch.log"; }
   echo "grouped section: $((SECONDS - t0)) s of torch benches" | tee -a "$OUT/grouped.log"
+  if [ ${#grouped_lib[@]} -gt 0 ]; then
+    # The interleaved run's output check must fail on a corrupted output (exit 3).
+    timeout 60 python3 tools/torch_grouped_bench.py --json "$OUT/grouped_torch_fault.jsonl" --iters 2 \
+      --only qwen3-down-T4096 "${grouped_lib[@]}" --inject-fault > "$OUT/grouped_torch_fault.log" 2>&1
+    rc=$?; [ $rc = 3 ] || status=1
+    summary+=("grouped: interleaved output check with an injected fault: rc=$rc (want 3)")
+  fi
   python3 tools/merge_peer.py "$OUT/grouped.jsonl" "$OUT/grouped_torch.jsonl" --out "$OUT/grouped_merged.jsonl" \
     --table > "$OUT/grouped_summary.log" 2>&1 || status=1
   summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse + $(wc -l < "$OUT/grouped_torch.jsonl") torch records; $(grep -m1 '^geomean' "$OUT/grouped_summary.log")")

@@ -72,7 +72,7 @@ def timed_interleaved(torch, fns, rounds, warmup_s=0.2):
     return [statistics.median(s.elapsed_time(t) for s, t in ev) for ev in events]
 
 
-def run_case(torch, mm, case, iters, warmup, cf=None):
+def run_case(torch, mm, case, iters, warmup, cf=None, inject_fault=False):
     dev = torch.device("cuda", 0)
     e, n, k = case["experts"], case["n"], case["k"]
     total = case["tokens"] * case["topk"]
@@ -115,8 +115,12 @@ def run_case(torch, mm, case, iters, warmup, cf=None):
         own = lambda b: b.transpose(-2, -1) if nk else b  # noqa: E731 - the storage ccfuse reads
         outs = [torch.full_like(out, float("nan")) for _ in range(2)]
         got = cf.grouped_mm(ins[0][0], own(ins[0][1]), counts, out=outs[0], b_is_weight=nk)
+        if inject_fault:  # the check below must catch this
+            got[lo, 0] += 1000.0
         extra["rel_err_ccfuse"] = rel(got[sel], ref)
         extra["rel_err_ccfuse_vs_torch"] = rel(got[:total], out[:total])
+        # NaN-safe: an unwritten (NaN) or wrong output fails here, and the script exits 3 at the end
+        extra["ccfuse_ok"] = bool(extra["rel_err_ccfuse"] <= 1e-2 and extra["rel_err_ccfuse_vs_torch"] <= 1e-2)
         t_torch, t_ours = timed_interleaved(torch, [
             lambda i: mm(ins[i % sets][0], ins[i % sets][1], offs=offs),
             lambda i: cf.grouped_mm(ins[i % sets][0], own(ins[i % sets][1]), counts, out=outs[i % 2], b_is_weight=nk),
@@ -146,6 +150,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--only", default="", help="run cases whose name contains this text")
     p.add_argument("--ccfuse-lib", default="", help="libccfuse_c.so: time ccfuse's grouped GEMM interleaved with torch")
+    p.add_argument("--inject-fault", action="store_true", help="corrupt one element of ccfuse's output (checks the check)")
     args = p.parse_args()
     import torch
     cf = None
@@ -158,6 +163,7 @@ def main():
     mm = grouped_mm_fn(torch)
     gpu = torch.cuda.get_device_name(0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    wrong = []
     with open(args.json, "a") as f:
         for case in moe_grouped.cases():
             if args.only and args.only not in case["name"]:
@@ -169,7 +175,7 @@ def main():
                        topk=case["topk"], tokens_per_rank=case["tokens"], routing=case["routing"],
                        b_layout=case["b_layout"], name=case["name"], tokens_per_gpu=case["tokens_per_gpu"])
             try:
-                rows, ms, rel_err, sets, extra = run_case(torch, mm, case, args.iters, args.warmup, cf)
+                rows, ms, rel_err, sets, extra = run_case(torch, mm, case, args.iters, args.warmup, cf, args.inject_fault)
                 rec.update(t_torch_ms=ms, tflops_torch=2.0 * total * case["n"] * case["k"] / (ms * 1e9),
                            rel_err_torch=rel_err, group_rows=rows, rotated_sets=sets, **extra)
                 line = "%-22s %-10s torch._grouped_mm %8.4f ms %6.1f TFLOP/s rel_err %.2e" % (
@@ -180,12 +186,17 @@ def main():
                         extra["pct_ccfuse_of_torch_interleaved"], extra["rel_err_ccfuse"],
                         extra["rel_err_ccfuse_vs_torch"])
                 print(line, flush=True)
+                if extra and not extra["ccfuse_ok"]:
+                    wrong.append("%s %s" % (case["name"], case["routing"]))
             except Exception as e:  # noqa: BLE001 - a refused case is recorded, not fatal
                 rec.update(t_torch_ms=None, tflops_torch=None, error="%s: %s" % (type(e).__name__, e))
                 print("%-22s %-10s torch._grouped_mm failed: %s" % (case["name"], case["routing"], rec["error"]),
                       flush=True)
             f.write(json.dumps(rec) + "\n")
             f.flush()
+    if wrong:
+        print("ccfuse's grouped GEMM was WRONG (rel_err > 1e-2 or NaN) on: %s" % ", ".join(wrong), flush=True)
+        sys.exit(3)
 
 
 if __name__ == "__main__":
