@@ -558,16 +558,17 @@ if [[ " $what " == *" gemm_ncu_full "* ]]; then
   # Details and raw CSV per kernel; a grep of the comparable lines last.
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
   mkdir -p "$OUT/ncu_full"
-  # CCFUSE_NCU_CASES: other "n k kernel skip" cases (m = 1024); CCFUSE_NCU_SOURCE=1: also the
-  # per-SASS-instruction page (stall samples by instruction).
+  # CCFUSE_NCU_CASES: other "n k kernel skip" cases (m = CCFUSE_NCU_M, default 1024);
+  # CCFUSE_NCU_SOURCE=1: also the per-SASS-instruction page (stall samples by instruction).
+  ncu_m=${CCFUSE_NCU_M:-1024}
   cases=${CCFUSE_NCU_CASES:-"1536 4096 gemm_kernel 6;1536 4096 nvjet 40;4096 512 gemm_kernel 6;4096 512 nvjet 40"}
   IFS=';' read -ra case_list <<< "$cases"
   for v in "${case_list[@]}"; do
     set -- $v
-    tag=m1024_n$1_k$2_$3${CCFUSE_NCU_TAG:-}
+    tag=m${ncu_m}_n$1_k$2_$3${CCFUSE_NCU_TAG:-}
     CCFUSE_BENCH_STEADY_MS=0 timeout 200 $NCU --set full --clock-control none --cache-control none --kernel-name regex:$3 \
       --launch-skip $4 --launch-count 1 -o "$OUT/ncu_full/$tag" \
-      $BIN/ccfuse bench --op gemm --m 1024 --n $1 --k $2 --dtype bf16 --iters 20 < /dev/null > "$OUT/ncu_full/$tag.run.log" 2>&1 || status=1
+      $BIN/ccfuse bench --op gemm --m $ncu_m --n $1 --k $2 --dtype bf16 --iters 20 < /dev/null > "$OUT/ncu_full/$tag.run.log" 2>&1 || status=1
     $NCU -i "$OUT/ncu_full/$tag.ncu-rep" --page details > "$OUT/ncu_full/$tag.txt" 2>&1
     $NCU -i "$OUT/ncu_full/$tag.ncu-rep" --page raw --csv > "$OUT/ncu_full/$tag.raw.csv" 2>&1
     [ "${CCFUSE_NCU_SOURCE:-0}" = 1 ] && $NCU -i "$OUT/ncu_full/$tag.ncu-rep" --page source --csv --print-source sass \
