@@ -42,6 +42,15 @@ constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
 // 80 -> 98 %, 1024x2560x8192 69 -> 92 % of cuBLASLt; 8192x14336x8192 100 -> 109 %; half a wave
 // (1024x1536x4096) 79 -> 60 %.
 constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
+// Ping-pong on 128x128 with 6 stages (an experiment written 2026-12-02, opt-in): each warpgroup
+// stages its tile through one 128x64 sub-tile slot (sm90::Traits::kStagingRing = 1) instead of a
+// whole tile, which frees a stage's 32 KiB: 6 x 32 KiB of A/B + 2 x 16 KiB of C staging.
+constexpr TileShape kPingpongRingShape = {128, 128, 64, 6};
+// Ping-pong on 128x160 with 5 stages (the same experiment; cuBLASLt's kernel for 16384x4096x512):
+// a ring of two 128x32 sub-tile slots a warpgroup, 5 x 36 KiB of A/B + 2 x 16 KiB = 212 KiB. B [N,
+// K] only (as the 160 tile), CTAs unpaired. (With whole-tile staging it had 4 stages and ran
+// 0.5-10 points below 128x128 ping-pong, 2026-12-01.)
+constexpr TileShape kPingpongRing160Shape = {128, 160, 64, 5};
 // The 96-column TMA-store tile (choose_config picks it for one-wave B [N, K] problems where it
 // fills the wave much better, since 2026-11-30 12:40): for one-wave problems
 // where cuBLASLt takes 96- or 80-column tiles. 7 stages: 7 x 28 KiB of A/B + 24 KiB of C staging
@@ -169,7 +178,7 @@ void launch_kparts_layout(const GemmDesc& d, const GemmConfig& cfg, const void* 
   else launch_kparts<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, ws, s);
 }
 
-template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK, bool kPingpong>
+template <class E, int BM, int BN, int BK, int S, bool kTma, bool kBNK, bool kPingpong, int kRing = 0>
 void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
   if (cfg.cluster_n == 2) {
     // Pairs along N: built for the narrow TMA-store tiles only (validate says so first).
@@ -179,18 +188,22 @@ void launch_cluster(const GemmDesc& d, const GemmConfig& cfg, const void* a, con
       CCFUSE_ARG_CHECK(false, "cluster_n 2 is not built for the ", BM, "x", BN, " tile");
     }
   } else if (cfg.cluster_m == 2) {
-    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong>>(d, cfg, a, b, c, s);
+    if constexpr (kPingpong && BN != 128) {
+      CCFUSE_ARG_CHECK(false, "pingpong on the ", BM, "x", BN, " tile is built with cluster_m 1");  // validate first
+    } else {
+      launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 2, kTma, kPingpong, false, kRing>>(d, cfg, a, b, c, s);
+    }
   } else {
-    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong>>(d, cfg, a, b, c, s);
+    launch<sm90::Traits<E, BM, BN, BK, S, kBNK, 1, kTma, kPingpong, false, kRing>>(d, cfg, a, b, c, s);
   }
 }
 
-template <class E, int BM, int BN, int BK, int S, bool kTma = false, bool kPingpong = false>
+template <class E, int BM, int BN, int BK, int S, bool kTma = false, bool kPingpong = false, int kRing = 0>
 void launch_layout(const GemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c, cudaStream_t s) {
   if (d.b_layout == BLayout::kNK) {
-    launch_cluster<E, BM, BN, BK, S, kTma, true, kPingpong>(d, cfg, a, b, c, s);
+    launch_cluster<E, BM, BN, BK, S, kTma, true, kPingpong, kRing>(d, cfg, a, b, c, s);
   } else if constexpr (BN % 64 == 0) {
-    launch_cluster<E, BM, BN, BK, S, kTma, false, kPingpong>(d, cfg, a, b, c, s);
+    launch_cluster<E, BM, BN, BK, S, kTma, false, kPingpong, kRing>(d, cfg, a, b, c, s);
   } else {
     // B [K, N]'s 64-column swizzle atoms do not tile BN: not built (validate says so first).
     CCFUSE_ARG_CHECK(false, "tile ", BM, "x", BN, " is built for B [N, K] (b_layout nk) only");
@@ -204,6 +217,10 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
     if (cfg.tma_store) launch_kparts_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, ws, s);
     else if (cfg.block_n == 256) launch_kparts_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, ws, s);
     else launch_kparts_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, ws, s);
+  } else if (cfg.pingpong && cfg.block_n == 160) {
+    launch_layout<E, 128, 160, 64, kPingpongRing160Shape.stages, true, true, 2>(d, cfg, a, b, c, s);
+  } else if (cfg.pingpong && cfg.stages == kPingpongRingShape.stages) {
+    launch_layout<E, 128, 128, 64, kPingpongRingShape.stages, true, true, 1>(d, cfg, a, b, c, s);
   } else if (cfg.pingpong) launch_layout<E, 128, 128, 64, 5, true, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 128) launch_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, s);
   else if (cfg.tma_store && cfg.block_n == 192) launch_layout<E, 128, 192, 64, 4, true>(d, cfg, a, b, c, s);
@@ -261,7 +278,8 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   if (cfg.tma_store) {
     known = same(kTmaStoreShape) || same(kTmaStoreNarrowShape) || same(kTmaStoreN192Shape) ||
             same(kTmaStoreN96Shape) || same(kTmaStoreN160Shape) || same(kTmaStoreN224Shape) ||
-            same(kTmaStoreN64Shape) || same(kTmaStoreN80Shape) || same(kTmaStoreN48Shape);
+            same(kTmaStoreN64Shape) || same(kTmaStoreN80Shape) || same(kTmaStoreN48Shape) ||
+            (cfg.pingpong && (same(kPingpongRingShape) || same(kPingpongRing160Shape)));
     CCFUSE_ARG_CHECK(known, "tile ", cfg.block_m, "x", cfg.block_n, "x", cfg.block_k, " with ", cfg.stages,
                      " stages is not built with tma_store (built: 128x256x64/3, 128x224x64/3, 128x192x64/4, "
                      "128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, 128x64x64/8, 128x48x64/9)");
@@ -291,8 +309,12 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
   // the last part reads every other part's wider fp32 partial alone.
   CCFUSE_ARG_CHECK(!cut || !cfg.tma_store || cfg.block_n == 128, cfg.stream_k ? "stream_k" : "split_k > 1",
                    " with tma_store is built for the 128x128x64/5 tile");
-  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && same(kTmaStoreNarrowShape) && !cut), "pingpong is built for "
-                   "whole tiles of the 128x128x64/5 tile with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
+  CCFUSE_ARG_CHECK(!cfg.pingpong || cfg.block_n == 128 || cfg.cluster_m == 1, "pingpong on the ", cfg.block_m, "x",
+                   cfg.block_n, " tile is built with cluster_m 1, not ", cfg.cluster_m);
+  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && (same(kTmaStoreNarrowShape) || same(kPingpongRingShape) ||
+                                                       same(kPingpongRing160Shape)) && !cut),
+                   "pingpong is built for whole tiles of the 128x128x64/5 tile (opt-in: 128x128x64/6, "
+                   "128x160x64/5) with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
                    cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
                    cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "");
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_n == 2, "cluster_n ", cfg.cluster_n, " must be 1 or 2");

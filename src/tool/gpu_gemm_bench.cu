@@ -197,6 +197,8 @@ gemm::GemmDesc desc_of(const Options& o) {
 //   CCFUSE_GEMM_TILE_N=192   128x192x64/4 whole tiles
 //   CCFUSE_GEMM_TILE_N=128   128x128x64/5 whole tiles (what cuBLASLt takes for K <= 1024)
 //   CCFUSE_GEMM_PINGPONG=1   128x128x64/5 whole tiles with ping-pong consumers (GemmConfig::pingpong)
+//   CCFUSE_GEMM_PINGPONG=6   the same with 6 stages, each warpgroup staging through one 128x64 sub-tile
+//   CCFUSE_GEMM_PINGPONG=160 ping-pong on 128x160x64/5 (two 128x32 staging slots a warpgroup; nk, unpaired)
 //   CCFUSE_GEMM_TILE_N=96    128x96x64/7 whole tiles (B [N, K] only: --b-layout nk)
 //   CCFUSE_GEMM_TILE_N=64    128x64x64/8 whole tiles (opt-in, 2026-12-01: not measured yet)
 //   CCFUSE_GEMM_TILE_N=160   128x160x64/5 whole tiles (B [N, K] only)
@@ -237,8 +239,12 @@ gemm::GemmConfig config_of(const Options& o, const DeviceInfo& dev) {
   if (env("CCFUSE_GEMM_TILE_N") == "80") force(80, 7, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "48") force(48, 9, false, 1, pairs);
   if (env("CCFUSE_GEMM_TILE_N") == "128") force(128, 5, false, 1, pairs);
-  if (env("CCFUSE_GEMM_PINGPONG") == "1") {
-    force(128, 5, false, 1, pairs);
+  if (env("CCFUSE_GEMM_PINGPONG") == "1" || env("CCFUSE_GEMM_PINGPONG") == "6") {
+    force(128, env("CCFUSE_GEMM_PINGPONG") == "6" ? 6 : 5, false, 1, pairs);
+    cfg.pingpong = true;
+  }
+  if (env("CCFUSE_GEMM_PINGPONG") == "160") {
+    force(160, 5, false, 1, 1);
     cfg.pingpong = true;
   }
   // CCFUSE_GEMM_CLUSTER_N=2 on top of a 128- or 96-column tile: the CTA pairs along N, sharing A

@@ -34,13 +34,15 @@ struct Case {
   bool stream_k = false;   // forced stream-K (choose_config's pick when block_n is 0)
   bool pingpong = false;   // ping-pong consumers (GemmConfig::pingpong; with tma_store and block_n 128)
   bool pair_n = false;     // CTA pairs along N sharing A (GemmConfig::cluster_n = 2; tma_store, block_n 128 or 96)
+  int stages = 0;          // > 0: forced stages (6 with pingpong: the sub-tile staging ring)
 };
 
 std::string name_of(const Case& c) {
   return detail::str_cat(c.m, "x", c.n, "x", c.k, "_", dtype_name(c.dtype), "_", b_layout_name(c.layout), "_bn",
                          c.block_n, "_sms", c.num_sms, c.col_major ? "_col" : "_row", "_cl", c.cluster,
                          c.tma_store ? "_tma" : "", c.split_k ? detail::str_cat("_split", c.split_k) : "",
-                         c.stream_k ? "_streamk" : "", c.pingpong ? "_pingpong" : "", c.pair_n ? "_pairn" : "");
+                         c.stream_k ? "_streamk" : "", c.pingpong ? "_pingpong" : "", c.pair_n ? "_pairn" : "",
+                         c.stages ? detail::str_cat("_st", c.stages) : "");
 }
 
 // Device buffers of one random problem; C poisoned with NaN.
@@ -152,6 +154,7 @@ TEST_P(GemmCorrectness, MatchesFp64Reference) {
   // Ping-pong when the case asks for it, or when choose_config picked it for a case left to it.
   const bool chosen = c.block_n == 0 && !c.tma_store && !cut && c.cluster == 0;
   cfg.pingpong = c.pingpong || (chosen && cfg.pingpong);
+  if (c.stages > 0) cfg.stages = c.stages;
   if (c.pair_n) {
     cfg.cluster_m = 1;
     cfg.cluster_n = 2;
@@ -354,6 +357,28 @@ std::vector<Case> cases() {
   out.push_back({777, 1000, 8, DType::kFloat16, BLayout::kKN, 128, 16, false, 2, true, 0, false, true});
   out.push_back({4096, 4096, 512, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true, 0, false, true});
   out.push_back({16384, 4096, 1024, DType::kBFloat16, BLayout::kNK, 128, 0, false, 2, true, 0, false, true});
+  // Ping-pong with 6 stages and the one-slot sub-tile staging ring (written 2026-12-02): the same
+  // coverage as the 5-stage cases above (each also run back to back), plus the K <= 1024 shapes.
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (BLayout l : {BLayout::kNK, BLayout::kKN})
+      for (int cl : {1, 2}) {
+        out.push_back({1000, 776, 520, t, l, 128, 0, false, cl, true, 0, false, true, false, 6});
+        out.push_back({48, 200, 24, t, l, 128, 0, false, cl, true, 0, false, true, false, 6});
+      }
+  out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 7, false, 1, true, 0, false, true, false, 6});
+  out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 128, 8, true, 2, true, 0, false, true, false, 6});
+  out.push_back({777, 1000, 8, DType::kFloat16, BLayout::kKN, 128, 16, false, 1, true, 0, false, true, false, 6});
+  out.push_back({16384, 4096, 512, DType::kBFloat16, BLayout::kNK, 128, 0, false, 1, true, 0, false, true, false, 6});
+  out.push_back({1024, 4096, 1024, DType::kBFloat16, BLayout::kNK, 128, 0, false, 1, true, 0, false, true, false, 6});
+  // Ping-pong on 128x160x64/5 through a ring of two 128x32 slots (B [N, K], unpaired): five
+  // sub-tiles a tile, so slots are reused within a tile and across tiles.
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    out.push_back({1000, 776, 520, t, BLayout::kNK, 160, 0, false, 1, true, 0, false, true});   // 5 column tiles, the last cut
+    out.push_back({48, 200, 24, t, BLayout::kNK, 160, 0, false, 1, true, 0, false, true});
+  }
+  out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 160, 7, false, 1, true, 0, false, true});
+  out.push_back({1000, 1032, 136, DType::kBFloat16, BLayout::kNK, 160, 8, true, 1, true, 0, false, true});
+  out.push_back({16384, 4096, 512, DType::kBFloat16, BLayout::kNK, 160, 0, false, 1, true, 0, false, true});
   return out;
 }
 
@@ -929,10 +954,30 @@ TEST(GemmValidation, PingpongRules) {
   EXPECT_EQ(to_string(cfg), "block=128x128x64 stages=5 sms=0 order=row group_m=8 cluster=2 epilogue=tma_store pingpong");
   GemmConfig single = cfg;
   single.cluster_m = 1;
-  expect_variants_invalid(d, single, "pingpong is built for whole tiles of the 128x128x64/5 tile with tma_store, not ",
+  expect_variants_invalid(d, single,
+                          "pingpong is built for whole tiles of the 128x128x64/5 tile (opt-in: 128x128x64/6, "
+                          "128x160x64/5) with tma_store, not ",
                           {{256, 3, true, 1, true, "128x256x64/3"},
                            {128, 6, false, 1, true, "128x128x64/6 without tma_store"},
                            {128, 5, true, 2, true, "128x128x64/5 with split_k"}});
+  // The opt-in sub-tile staging rings (2026-12-02): 128x128x64/6 (paired or not), 128x160x64/5
+  // (B [N, K], unpaired).
+  GemmConfig ring = single;
+  ring.stages = 6;
+  EXPECT_NO_THROW(validate(d, ring));
+  ring.cluster_m = 2;
+  EXPECT_NO_THROW(validate(d, ring));
+  GemmConfig ring160 = single;
+  ring160.block_n = 160;
+  const GemmDesc nk = make_desc(4096, 4096, 512, DType::kBFloat16, BLayout::kNK);
+  EXPECT_NO_THROW(validate(nk, ring160));
+  ring160.cluster_m = 2;
+  expect_invalid(nk, ring160, "pingpong on the 128x160 tile is built with cluster_m 1, not 2");
+  ring160.cluster_m = 1;
+  ring160.stages = 4;
+  expect_invalid(nk, ring160, "tile 128x160x64 with 4 stages is not built with tma_store (built: 128x256x64/3, "
+                              "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, "
+                              "128x64x64/8, 128x48x64/9)");
   GemmConfig grouped = cfg;
   grouped.cluster_m = 1;
   expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,

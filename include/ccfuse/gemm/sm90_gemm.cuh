@@ -73,7 +73,7 @@ using namespace cute;
 #endif
 
 template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
-          bool kTmaStore_ = false, bool kPingpong_ = false, bool kPairN_ = false>
+          bool kTmaStore_ = false, bool kPingpong_ = false, bool kPairN_ = false, int kStagingRing_ = 0>
 struct Traits {
   using Element = Element_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
@@ -111,6 +111,16 @@ struct Traits {
   static constexpr bool kPingpong = kPingpong_;
   static_assert(!kPingpong || (kTmaStore && kBlockM == 128), "ping-pong is built for 128-row TMA-store tiles");
   static constexpr int kStagingTiles = kPingpong ? 2 : 1;
+  // kStagingRing > 0 (ping-pong only; an experiment written 2026-12-02): each warpgroup stages its
+  // tile through a ring of that many [kBlockM, kStoreCols] sub-tiles instead of a whole tile,
+  // storing each sub-tile as soon as it is written (store_tile_tma_wg). The shared memory freed
+  // buys pipeline stages (cuBLASLt's K = 512 kernel: 160-column ping-pong, 5 stages, sub-tiled
+  // epilogue; docs/perf-notes.md, 2026-12-02).
+  static constexpr int kStagingRing = kStagingRing_;
+  static_assert(kStagingRing == 0 || kPingpong, "the staging ring is built for ping-pong consumers");
+  static_assert(kStagingRing == 0 || kStagingRing <= kBlockN / kStoreCols, "a ring no longer than a tile");
+  static constexpr int kStagingElems =
+      kStagingRing > 0 ? kStagingTiles * kStagingRing * kBlockM * kStoreCols : kBlockM * kBlockN * kStagingTiles;
   static_assert(kBlockK * sizeof(Element) == 128, "one 128-byte swizzle atom along K");
 
   using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
@@ -133,7 +143,7 @@ struct Traits {
   struct SharedStorage {
     alignas(1024) Element a[cosize_v<SmemLayoutA>];  // 128-byte swizzle wants 1 KiB alignment
     alignas(1024) Element b[cosize_v<SmemLayoutB>];
-    alignas(1024) Element c[kTmaStore ? kBlockM * kBlockN * kStagingTiles : 8];  // kTmaStore staging
+    alignas(1024) Element c[kTmaStore ? kStagingElems : 8];  // kTmaStore staging
     alignas(8) uint64_t full[kStages];
     alignas(8) uint64_t empty[kStages];
     alignas(8) uint64_t addend_full;  // Epilogue::kTmaAddends: a partial tile loaded into the staging buffer
@@ -599,12 +609,18 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // One 64-row block of a tile into the staging buffer `c_bytes`: the m64nNk16 fragment `frag` of
 // warpgroup thread t holds rows block_row0 + 16 (t / 32) + (t % 32) / 4 and 8 below (store_tile's
 // layout); `scale` is their row scale (1 without one).
-template <class Traits, class Epilogue, class Frag>
+// kSub >= 0: only the columns of sub-tile kSub ([kSub kStoreCols, (kSub + 1) kStoreCols)), written
+// at the start of `c_bytes` (one slot of a staging ring, Traits::kStagingRing).
+template <class Traits, class Epilogue, int kSub = -1, class Frag>
 __device__ __forceinline__ void stage_block(const Frag& frag, int block_row0, int t, const float (&scale)[2],
                                             char* c_bytes) {
   using Element = typename Traits::Element;
   constexpr int kBN = Traits::kBlockN;
   constexpr int kOutCols = Epilogue::kAct == Activation::kSiluMul ? kBN / 2 : kBN;
+  static_assert(kSub < 0 || Epilogue::kAct != Activation::kSiluMul, "sub-tiles of whole-column tiles only");
+  constexpr int kJ0 = kSub < 0 ? 0 : kSub * Traits::kStoreChunks;
+  constexpr int kJ1 = kSub < 0 ? kOutCols / 8 : kJ0 + Traits::kStoreChunks;
+  if constexpr (kSub > 0) c_bytes -= kSub * Traits::kStoreSubBytes;  // staging_chunk counts from sub-tile 0
   const int lane = t % 32;
   const int row = block_row0 + (t / 32) * 16 + lane / 4;
 #if CCFUSE_STMATRIX_STAGING
@@ -614,7 +630,7 @@ __device__ __forceinline__ void stage_block(const Frag& frag, int block_row0, in
   const int warp_row0 = block_row0 + (t / 32) * 16;
   const uint32_t c_smem = uint32_t(__cvta_generic_to_shared(c_bytes));
   CUTE_UNROLL
-  for (int j = 0; j < kOutCols / 8; j += 2) {
+  for (int j = kJ0; j < kJ1; j += 2) {
     uint32_t bits[4];
     CUTE_UNROLL
     for (int m = 0; m < 4; ++m) {  // matrix m: column group j + m / 2, fragment half m % 2
@@ -630,7 +646,7 @@ __device__ __forceinline__ void stage_block(const Frag& frag, int block_row0, in
   // The swizzled addresses by hand (Traits::staging_chunk).
   const int swizzle = Traits::staging_swizzle(row);  // = staging_swizzle(row + 8)
   CUTE_UNROLL
-  for (int j = 0; j < kOutCols / 8; ++j) {
+  for (int j = kJ0; j < kJ1; ++j) {
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
       const uint32_t bits = round_pair<Element>(output_pair<kBN, Epilogue>(frag, j, h, scale[h]));
@@ -660,9 +676,12 @@ __device__ __forceinline__ void block_scales(const Params<Element>& p, const Epi
 // [row0, row0 + kBlockM) of tma_c's tensor (rows and columns past its edge are clipped by TMA), by
 // one thread; then commits them as one bulk group. row0 is w.row0 unless the epilogue says
 // otherwise (tma_target).
+// s_lo / s_hi: only sub-tiles [s_lo, s_hi) (-1: to the last), from the staging slots starting at
+// c's sub-tile 0 (a staging ring's slot holds one sub-tile: s_hi = s_lo + 1).
 template <class Traits, class Epilogue, class TmaC>
 __device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::Element>& p, const TmaC& tma_c,
-                                                  typename Traits::Element* c, const TileWork& w, int64_t row0) {
+                                                  typename Traits::Element* c, const TileWork& w, int64_t row0,
+                                                  int s_lo = 0, int s_hi = -1) {
   constexpr int kBN = Traits::kBlockN, kSub = Traits::kStoreCols;
   constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
   constexpr int kOutCols = kGlu ? kBN / 2 : kBN;
@@ -672,9 +691,11 @@ __device__ __forceinline__ void issue_tile_stores(const Params<typename Traits::
   Tensor gC = local_tile(domain_offset(make_coord(int(row0), 0), mC), Shape<Int<Traits::kBlockM>, Int<kSub>>{},
                          make_coord(0, _));  // (BM, kSub, N / kSub)
   auto [tCgC, tCsC] = tma_partition(tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
+  if (s_hi < 0) s_hi = kOutCols / kSub;
   CUTE_UNROLL
   for (int s = 0; s < kOutCols / kSub; ++s)
-    if (w.n_tile * kOutCols + s * kSub < out_n) copy(tma_c, tCsC(_, s), tCgC(_, w.n_tile * (kOutCols / kSub) + s));
+    if (s >= s_lo && s < s_hi && w.n_tile * kOutCols + s * kSub < out_n)
+      copy(tma_c, tCsC(_, s - s_lo), tCgC(_, w.n_tile * (kOutCols / kSub) + s));
   tma_store_arrive();
 }
 
@@ -740,6 +761,29 @@ __device__ __forceinline__ void store_tile_tma_wg(const Params<typename Traits::
                                                   const TileWork& w) {
   static_assert(Traits::kPingpong, "one warpgroup's whole tile");
   using Element = typename Traits::Element;
+  if constexpr (Traits::kStagingRing > 0) {
+    // Sub-tile by sub-tile through this warpgroup's ring of kR slots: before writing slot s % kR,
+    // thread 0 waits until at most kR - 1 of its store groups (one per sub-tile, in order) are
+    // still reading, i.e. the slot's last store has read it.
+    constexpr int kR = Traits::kStagingRing, kSubElems = Traits::kBlockM * Traits::kStoreCols;
+    Element* ring = ss.c + wg * (kR * kSubElems);
+    float scale[2][2];
+    CUTE_UNROLL
+    for (int mb = 0; mb < 2; ++mb) block_scales(p, epi, w, 64 * mb + (t / 32) * 16 + (t % 32) / 4, scale[mb]);
+    cute::for_each(cute::make_int_sequence<Traits::kBlockN / Traits::kStoreCols>{}, [&](auto sub) {
+      constexpr int s = decltype(sub)::value;
+      Element* slot = ring + (s % kR) * kSubElems;
+      if (t == 0) tma_store_wait<kR - 1>();
+      named_barrier_sync(3 + wg, 128);
+      CUTE_UNROLL
+      for (int mb = 0; mb < 2; ++mb)
+        stage_block<Traits, Epilogue, s>(accum(_, mb, _), 64 * mb, t, scale[mb], reinterpret_cast<char*>(slot));
+      cutlass::arch::fence_view_async_shared();
+      named_barrier_sync(3 + wg, 128);
+      if (t == 0) issue_tile_stores<Traits, Epilogue>(p, tma_c, slot, w, w.row0, s, s + 1);
+    });
+    return;
+  }
   Element* c = ss.c + wg * (Traits::kBlockM * Traits::kBlockN);
   if (t == 0) tma_store_wait<0>();  // this warpgroup's previous stores have read its buffer
   named_barrier_sync(3 + wg, 128);
