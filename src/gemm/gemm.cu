@@ -42,11 +42,13 @@ constexpr TileShape kTmaStoreNarrowShape = {128, 128, 64, 5};
 // 80 -> 98 %, 1024x2560x8192 69 -> 92 % of cuBLASLt; 8192x14336x8192 100 -> 109 %; half a wave
 // (1024x1536x4096) 79 -> 60 %.
 constexpr TileShape kTmaStoreN192Shape = {128, 192, 64, 4};
-// Ping-pong on 128x128 with 6 stages (an experiment written 2026-12-02, opt-in): each warpgroup
+// Ping-pong on 128x128 with 6 stages (written and measured 2026-12-02; choose_config's ping-pong
+// tile since, see choose_plain): each warpgroup
 // stages its tile through one 128x64 sub-tile slot (sm90::Traits::kStagingRing = 1) instead of a
 // whole tile, which frees a stage's 32 KiB: 6 x 32 KiB of A/B + 2 x 16 KiB of C staging.
 constexpr TileShape kPingpongRingShape = {128, 128, 64, 6};
-// Ping-pong on 128x160 with 5 stages (the same experiment; cuBLASLt's kernel for 16384x4096x512):
+// Ping-pong on 128x160 with 5 stages (the same day; cuBLASLt's kernel for 16384x4096x512, and
+// choose_config's for K <= 512 with >= 10 waves of its tiles):
 // a ring of two 128x32 sub-tile slots a warpgroup, 5 x 36 KiB of A/B + 2 x 16 KiB = 212 KiB. B [N,
 // K] only (as the 160 tile), CTAs unpaired. (With whole-tile staging it had 4 stages and ran
 // 0.5-10 points below 128x128 ping-pong, 2026-12-01.)
@@ -313,8 +315,8 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
                    cfg.block_n, " tile is built with cluster_m 1, not ", cfg.cluster_m);
   CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && (same(kTmaStoreNarrowShape) || same(kPingpongRingShape) ||
                                                        same(kPingpongRing160Shape)) && !cut),
-                   "pingpong is built for whole tiles of the 128x128x64/5 tile (opt-in: 128x128x64/6, "
-                   "128x160x64/5) with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
+                   "pingpong is built for whole tiles of the 128x128x64/5, 128x128x64/6 and 128x160x64/5 tiles "
+                   "with tma_store, not ", cfg.block_m, "x", cfg.block_n, "x",
                    cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store",
                    cut ? (cfg.stream_k ? " with stream_k" : " with split_k") : "");
   CCFUSE_ARG_CHECK(cfg.cluster_n == 1 || cfg.cluster_n == 2, "cluster_n ", cfg.cluster_n, " must be 1 or 2");
@@ -462,9 +464,22 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // pairs) 89.9 / 91.4 -> 92.7 / 94.2, 16384x8192x1024 (62; 128x192 pairs) 90.0 / 90.7 -> 91.5 /
   // 91.9 (and 91.4 / 91.5 on 2026-12-01 11:39); with 15.5 waves it lost 1-4 points back to back
   // (8192x4096x1024, 4096x8192x1024), and at K = 2048 it was mixed (16384x4096x2048 +0.6 / -2.3).
-  const bool pingpong = tma_ok && !grouped && !split2 && !best.stream &&
-                        ((k_tiles <= 8 && tiles_of(narrow) > sms) || (k_tiles <= 16 && tiles_of(narrow) >= 20 * int64_t(sms)));
-  if (pingpong) best = whole_narrow;
+  // Since 2026-12-02 both through the sub-tile staging ring (sm90::Traits::kStagingRing), whose
+  // freed shared memory is a sixth stage on 128x128, and for all K <= 1024 with more 128x128 tiles
+  // than SMs: measured 05:17 (one H200, `...gemm-staging-ring-k1024-sweep-3410ee4`) on the ten
+  // such TP shapes against the engine's choice run twice in the same call, 6-stage ping-pong gained
+  // +2.0 to +4.0 points interleaved on every one (16384x4096x512 89.9 -> 91.7, 1024x4096x512
+  // 89.8 -> 91.9, 1024x4096x1024 89.7 -> 91.8, 16384x8192x1024 91.4 -> 95.2) and -1.5 to +3.8 back to
+  // back (the losses within the engine's two runs' spread, on 4 shapes). And where K <= 512 and
+  // 128x160 tiles make at least 10 waves (B [N, K]), ping-pong on 128x160 with 5 stages, cuBLASLt's
+  // own kernel there: 16384x4096x512 89.9 / 91.4 -> 94.5 / 95.9, 8192x4096x512 92.1 / 95.2 ->
+  // 96.1 / 100.0 (with fewer waves it lost: 4096x4096x512 95.4 against 6-stage 128x128's 99.9).
+  const bool pingpong = tma_ok && !grouped && !split2 && !best.stream && k_tiles <= 16 && tiles_of(narrow) > sms;
+  if (pingpong) {
+    best = Option{kPingpongRingShape, true, false, 0};
+    if (d.b_layout == BLayout::kNK && k_tiles <= 8 && tiles_of(kPingpongRing160Shape) >= 10 * int64_t(sms))
+      best = Option{kPingpongRing160Shape, true, false, 0};
+  }
   GemmConfig c;
   c.pingpong = pingpong;
   c.split_k = split2 ? 2 : 1;

@@ -567,8 +567,8 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_EQ(choose_config(make_desc(1024, 4096, 512, DType::kBFloat16, BLayout::kNK), 132).block_n, 128);
   EXPECT_EQ(choose_config(make_desc(1024, 4096, 1024, DType::kBFloat16, BLayout::kNK), 132).block_n, 128);
   EXPECT_EQ(choose_config(make_desc(1024, 4096, 1792, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
-  EXPECT_EQ(choose_config(make_desc(4096, 4096, 1024, DType::kBFloat16, BLayout::kNK), 132).block_n, 256);
-  // (K <= 512 with more 128x128 tiles than SMs takes ping-pong: ChooseConfigPingPongForShortK.)
+  // (K <= 1024 with more 128x128 tiles than SMs takes ping-pong, 4096x4096x1024 included, since
+  // 2026-12-02: ChooseConfigPingPongForShortK.)
   // Twice the tiles would take two waves: whole tiles in CTA pairs, 128 of 96 columns (one wave)
   // rather than 96 of 128.
   const GemmConfig two_waves = choose_config(make_desc(1024, 1536, 4096, DType::kBFloat16, BLayout::kNK), 132);
@@ -852,18 +852,23 @@ TEST(GemmValidation, ChooseConfigPairsOnlyManyWaves) {
   EXPECT_EQ(tiles_2640.cluster_m, 2) << to_string(tiles_2640);
 }
 
-// K <= 512 with more 128x128 tiles than SMs: ping-pong consumers on the 128x128 tile, unpaired
-// (2026-12-01: +1.3 to +3.4 % back to back on the four K = 512 TP shapes); not with one wave of
-// them (one warpgroup would do a CTA's only tile), not past 8 k-blocks, not grouped.
+// K <= 1024 with more 128x128 tiles than SMs: ping-pong consumers, unpaired, through the sub-tile
+// staging ring (2026-12-02: 6-stage 128x128 +2 to +4 points interleaved on the ten such TP
+// shapes), on 128x160/5 where K <= 512 and its tiles make >= 10 waves (B [N, K]); not with one
+// wave of 128x128 tiles (one warpgroup would do a CTA's only tile), not past 16 k-blocks, not
+// grouped, not without TMA stores.
 TEST(GemmValidation, ChooseConfigPingPongForShortK) {
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{16384, 4096, 512}, {8192, 4096, 512},
-                                {4096, 4096, 512}, {1024, 4096, 512}, {4096, 4096, 64}}) {
+                                {4096, 4096, 512}, {1024, 4096, 512}, {4096, 4096, 64}, {4096, 4096, 1024},
+                                {1024, 4096, 1024}, {16384, 8192, 1024}, {8192, 4096, 1024}}) {
     for (BLayout l : {BLayout::kNK, BLayout::kKN}) {
       const GemmDesc d = make_desc(m, n, k, DType::kBFloat16, l);
       const GemmConfig c = choose_config(d, 132);
+      // 128x160: 1664 (8192 rows) and 3328 (16384) tiles at K = 512, >= 10 waves; 832 (4096) fewer
+      const bool wide = l == BLayout::kNK && k <= 512 && m >= 8192;
       EXPECT_TRUE(c.pingpong) << m << "x" << n << "x" << k;
-      EXPECT_EQ(c.block_n, 128);
-      EXPECT_EQ(c.stages, 5);
+      EXPECT_EQ(c.block_n, wide ? 160 : 128) << m << "x" << n << "x" << k;
+      EXPECT_EQ(c.stages, wide ? 5 : 6);
       EXPECT_TRUE(c.tma_store);
       EXPECT_EQ(c.cluster_m, 1);
       EXPECT_EQ(c.split_k, 1);
@@ -873,21 +878,13 @@ TEST(GemmValidation, ChooseConfigPingPongForShortK) {
   auto pick = [](int64_t m, int64_t n, int64_t k) {
     return choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132);
   };
-  EXPECT_FALSE(pick(4096, 4096, 1024).pingpong);  // 16 k-blocks, 1024 tiles of 128x128: 7.8 waves
-  // K <= 1024 where the 128x128 tiles make at least 20 waves (2026-12-01 22:55: +1.3 to +3.3
-  // points there, 1-4 points lost back to back with 15.5 waves); not at K = 2048.
-  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{16384, 4096}, {8192, 8192}, {16384, 8192}}) {
-    const GemmConfig c = pick(m, n, 1024);
-    EXPECT_TRUE(c.pingpong) << m << "x" << n << "x1024";
-    EXPECT_EQ(c.block_n, 128);
-    EXPECT_EQ(c.cluster_m, 1);
-  }
-  EXPECT_FALSE(pick(8192, 4096, 1024).pingpong);   // 15.5 waves
-  EXPECT_FALSE(pick(4096, 8192, 1024).pingpong);   // 15.5 waves
   EXPECT_FALSE(pick(16384, 8192, 2048).pingpong);  // 32 k-blocks
   EXPECT_FALSE(pick(1024, 2048, 512).pingpong);   // 128 tiles of 128x128: one wave
   EXPECT_FALSE(choose_config(make_desc(4096, 4100, 512, DType::kBFloat16, BLayout::kNK), 132).pingpong);  // no TMA store
   EXPECT_FALSE(choose_config(two_groups(4096, 4096, BLayout::kNK), 132).pingpong);
+  // An SM budget counts: 16384x4096x512 on 100 SMs still >= 10 waves of 128x160 (3328 tiles)
+  EXPECT_EQ(choose_config(make_desc(16384, 4096, 512, DType::kBFloat16, BLayout::kNK), 100).block_n, 160);
+  EXPECT_EQ(choose_config(make_desc(1024, 2048, 512, DType::kBFloat16, BLayout::kNK), 64).stages, 6);  // 128 > 64 SMs
 }
 
 // The 80- and 48-column TMA-store tiles (2026-12-01): B [N, K] only, in clusters of 1 or 2, 7 and
@@ -955,8 +952,8 @@ TEST(GemmValidation, PingpongRules) {
   GemmConfig single = cfg;
   single.cluster_m = 1;
   expect_variants_invalid(d, single,
-                          "pingpong is built for whole tiles of the 128x128x64/5 tile (opt-in: 128x128x64/6, "
-                          "128x160x64/5) with tma_store, not ",
+                          "pingpong is built for whole tiles of the 128x128x64/5, 128x128x64/6 and 128x160x64/5 "
+                          "tiles with tma_store, not ",
                           {{256, 3, true, 1, true, "128x256x64/3"},
                            {128, 6, false, 1, true, "128x128x64/6 without tma_store"},
                            {128, 5, true, 2, true, "128x128x64/5 with split_k"}});
@@ -982,10 +979,10 @@ TEST(GemmValidation, PingpongRules) {
   grouped.cluster_m = 1;
   expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,
                  "pingpong is not supported by the grouped GEMM (plain problems only)");
-  // choose_config takes it only for K <= 512, or K <= 1024 with >= 20 waves of its tiles
+  // choose_config takes it only for K <= 1024 with more 128x128 tiles than SMs
   // (ChooseConfigPingPongForShortK).
-  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{8192, 4096, 1024}, {1024, 4096, 1024},
-                                {4096, 4096, 4096}, {16384, 4096, 2048}})
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 1024}, {4096, 4096, 4096},
+                                {16384, 4096, 2048}})
     EXPECT_FALSE(choose_config(make_desc(m, n, k, DType::kBFloat16, BLayout::kNK), 132).pingpong) << m << "x" << n;
 }
 
