@@ -143,9 +143,16 @@ def gemm_ar(a, b, out=None, b_is_weight=False):
 _GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def _same_device(a, **others):
+    for name, t in others.items():
+        if t.device != a.device:
+            raise ValueError("%s must be on a's device %s, got %s" % (name, a.device, t.device))
+
+
 def _gemm_dtype(a, b, b_ndim):
     _check("a", a, 2, _GEMM_DTYPES)
     _check("b", b, b_ndim, a.dtype)  # b in a's dtype
+    _same_device(a, b=b)
     return "bf16" if a.dtype == torch.bfloat16 else "fp16"
 
 
@@ -173,6 +180,7 @@ def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
     """
     dtype = _gemm_dtype(a, b, 3)
     _check("group_rows", group_rows, 1, torch.int32)
+    _same_device(a, group_rows=group_rows)
     rows, k = a.shape
     g = b.shape[0]
     k_b, n = (b.shape[2], b.shape[1]) if b_is_weight else (b.shape[1], b.shape[2])

@@ -13,11 +13,14 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
 class FakeDevice:
-    def __init__(self, kind):
-        self.type = kind
+    def __init__(self, kind, index=0):
+        self.type, self.index = kind, index
+
+    def __eq__(self, other):
+        return (self.type, self.index) == (other.type, other.index)
 
     def __repr__(self):
-        return self.type
+        return self.type if self.index == 0 else "%s:%d" % (self.type, self.index)
 
 
 class FakeTensor:
@@ -238,6 +241,9 @@ class TorchOps(unittest.TestCase):
         self.error(lambda: cf.grouped_mm(x, self.bf16(5, 512, 256), rows),
                    "group_rows must have one count per group of b (5), got 4")
         self.error(lambda: cf.grouped_mm(x, self.bf16(512, 256), rows), "b must have 3 dimensions, got shape (512, 256)")
+        other = FakeTensor((4,), "int32")
+        other.device = FakeDevice("cuda", 1)
+        self.error(lambda: cf.grouped_mm(x, self.bf16(4, 512, 256), other), "group_rows must be on a's device cuda, got cuda:1")
 
 
 if __name__ == "__main__":
