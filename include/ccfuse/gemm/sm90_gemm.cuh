@@ -111,7 +111,8 @@ struct Traits {
   static constexpr bool kPingpong = kPingpong_;
   static_assert(!kPingpong || (kTmaStore && kBlockM == 128), "ping-pong is built for 128-row TMA-store tiles");
   static constexpr int kStagingTiles = kPingpong ? 2 : 1;
-  // kStagingRing > 0 (ping-pong only; an experiment written 2026-12-02): each warpgroup stages its
+  // kStagingRing > 0 (ping-pong only; written 2026-12-02, choose_config's ping-pong since v24,
+  // docs/gemm.md item 9): each warpgroup stages its
   // tile through a ring of that many [kBlockM, kStoreCols] sub-tiles instead of a whole tile,
   // storing each sub-tile as soon as it is written (store_tile_tma_wg). The shared memory freed
   // buys pipeline stages (cuBLASLt's K = 512 kernel: 160-column ping-pong, 5 stages, sub-tiled
