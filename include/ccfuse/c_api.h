@@ -28,8 +28,11 @@
  * Single-GPU GEMMs on the current device (the engine of ccfuse/gemm/gemm.h with its own choice of
  * config; no Team needed). dtype 0 = bf16, 1 = fp16; inputs and outputs in that dtype, fp32
  * accumulation; pointers 16-byte aligned, rows contiguous (leading dimensions = the row lengths).
- *   ccfuse_gemm(m, n, k, dtype, b_kn, a, b, c, stream)      c [m, n] = a [m, k] @ b, b [k, n]
+ *   ccfuse_gemm_workspace_bytes(m, n, k, dtype, b_kn, &bytes)  0 unless the engine splits K
+ *   ccfuse_gemm(m, n, k, dtype, b_kn, a, b, c, workspace, stream)  c [m, n] = a [m, k] @ b, b [k, n]
  *                                                          (b_kn = 1) or [n, k] (b_kn = 0)
+ * workspace: that many bytes of device memory (16-byte aligned, used in stream order), or null for
+ * the library's own per-device buffers, which calls on concurrent streams must not share.
  *   ccfuse_grouped_gemm_workspace_bytes(num_groups, &bytes)
  *   ccfuse_grouped_gemm(G, max_rows, n, k, dtype, b_kn, a, b, c, group_rows, workspace, stream)
  * The grouped form (MoE experts): group_rows = G int32 counts in device memory (read on the device:
@@ -68,8 +71,9 @@ int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, c
 int ccfuse_moe_ffn_describe(ccfuse_moe_ffn* ffn, const char** out);
 int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn);
 int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm);
+int ccfuse_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, int64_t* bytes);
 int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void* a, const void* b, void* c,
-                void* stream);
+                void* workspace, void* stream);
 int ccfuse_grouped_gemm_workspace_bytes(int num_groups, int64_t* bytes);
 int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, int dtype, int b_kn, const void* a,
                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);

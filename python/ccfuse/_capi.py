@@ -11,6 +11,7 @@ ccfuse.torch_ops wraps it for torch tensors).
     moe.run(x, tokens, topk_ids, topk_w, w1, w2, out, stream)        # device pointers, int32 ids
     moe.close(); lib.finalize()
     lib.gemm(m, n, k, a, b, c, stream, b_kn=False)          # single GPU, no Team: c = a @ b
+                                                            # (workspace=: gemm_workspace_bytes(...) bytes)
     ws = lib.grouped_gemm_workspace_bytes(num_groups)       # bytes of device memory for:
     lib.grouped_gemm(num_groups, max_rows, n, k, a, b, c, group_rows, workspace, stream)
 
@@ -78,7 +79,8 @@ class Ccfuse:
         d.ccfuse_moe_ffn_describe.argtypes = [vp, ctypes.POINTER(ctypes.c_char_p)]
         d.ccfuse_moe_ffn_destroy.argtypes = [vp]
         d.ccfuse_swiglu_permutation.argtypes = [i64, ctypes.POINTER(i64)]
-        d.ccfuse_gemm.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp]
+        d.ccfuse_gemm_workspace_bytes.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(i64)]
+        d.ccfuse_gemm.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp, vp]
         d.ccfuse_grouped_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(i64)]
         d.ccfuse_grouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp,
                                           vp, vp]
@@ -119,9 +121,15 @@ class Ccfuse:
             raise CcfuseError("dtype %r must be one of %s" % (dtype, ", ".join(self.DTYPES)))
         return self.DTYPES[dtype]
 
-    def gemm(self, m, n, k, a, b, c, stream, b_kn=True, dtype="bf16"):
-        """c [m, n] = a [m, k] @ b ([k, n] with b_kn, else [n, k]) on the current device; no Team."""
-        self._check(self._dll.ccfuse_gemm(m, n, k, self._dtype(dtype), 1 if b_kn else 0, a, b, c, stream))
+    def gemm_workspace_bytes(self, m, n, k, b_kn=True, dtype="bf16"):
+        v = ctypes.c_int64()
+        self._check(self._dll.ccfuse_gemm_workspace_bytes(m, n, k, self._dtype(dtype), 1 if b_kn else 0, ctypes.byref(v)))
+        return v.value
+
+    def gemm(self, m, n, k, a, b, c, stream, b_kn=True, dtype="bf16", workspace=None):
+        """c [m, n] = a [m, k] @ b ([k, n] with b_kn, else [n, k]) on the current device; no Team.
+        workspace: gemm_workspace_bytes() bytes of device memory, or None (the library's buffers)."""
+        self._check(self._dll.ccfuse_gemm(m, n, k, self._dtype(dtype), 1 if b_kn else 0, a, b, c, workspace, stream))
 
     def grouped_gemm_workspace_bytes(self, num_groups):
         v = ctypes.c_int64()

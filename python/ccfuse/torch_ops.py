@@ -165,8 +165,12 @@ def mm(a, b, out=None, b_is_weight=False):
         raise ValueError("mm: a is %s but b is %s: its K must be %d" % (tuple(a.shape), tuple(b.shape), k))
     c = _out("out", out, (m, n), a)
     _no_overlap(c, a=a, b=b)
-    _gemm_lib().gemm(m, n, k, a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream,
-                     b_kn=not b_is_weight, dtype=dtype)
+    lib = _gemm_lib()
+    # Split-K's partials in torch's caching allocator on this stream (never shared across streams)
+    ws_bytes = lib.gemm_workspace_bytes(m, n, k, b_kn=not b_is_weight, dtype=dtype)
+    ws = torch.empty((ws_bytes,), dtype=torch.uint8, device=a.device) if ws_bytes > 0 else None
+    lib.gemm(m, n, k, a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream,
+             b_kn=not b_is_weight, dtype=dtype, workspace=ws.data_ptr() if ws is not None else None)
     return c
 
 

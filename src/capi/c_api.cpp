@@ -225,19 +225,33 @@ int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm) {
   });
 }
 
-int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void* a, const void* b, void* c,
-                void* stream) {
+// The plain problem of the C ABI's arguments, checked.
+ccfuse::gemm::GemmDesc gemm_desc(int64_t m, int64_t n, int64_t k, int dtype, int b_kn) {
+  ccfuse::gemm::GemmDesc d;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.dtype = gemm_dtype(dtype);
+  d.b_layout = gemm_b_layout(b_kn);
+  CCFUSE_ARG_CHECK(m > 0 && n > 0 && k > 0, "m, n and k (", m, ", ", n, ", ", k, ") must be positive");
+  return d;
+}
+
+int ccfuse_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, int64_t* bytes) {
   return guarded([&] {
-    ccfuse::gemm::GemmDesc d;
-    d.m = m;
-    d.n = n;
-    d.k = k;
-    d.dtype = gemm_dtype(dtype);
-    d.b_layout = gemm_b_layout(b_kn);
-    CCFUSE_ARG_CHECK(m > 0 && n > 0 && k > 0, "m, n and k (", m, ", ", n, ", ", k, ") must be positive");
+    CCFUSE_ARG_CHECK(bytes != nullptr, "bytes must not be null");
+    const ccfuse::gemm::GemmDesc d = gemm_desc(m, n, k, dtype, b_kn);
+    *bytes = int64_t(ccfuse::gemm::workspace_bytes(d, ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms())));
+  });
+}
+
+int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void* a, const void* b, void* c,
+                void* workspace, void* stream) {
+  return guarded([&] {
+    const ccfuse::gemm::GemmDesc d = gemm_desc(m, n, k, dtype, b_kn);
     check_pointers({{a, "a"}, {b, "b"}, {c, "c"}});
     const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms());
-    ccfuse::gemm::run(d, cfg, a, b, c, stream);
+    ccfuse::gemm::run(d, cfg, a, b, c, stream, workspace);
   });
 }
 

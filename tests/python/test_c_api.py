@@ -58,10 +58,11 @@ class CApi(unittest.TestCase):
         self.expect_error("lib.gemm(0, 8, 8, 1, 1, 1, 0)", "m, n and k (0, 8, 8) must be positive")
         self.expect_error("lib.gemm(8, 8, 8, 0, 1, 1, 0)", "a must not be null")
         self.expect_error("lib.gemm(8, 8, 8, 1, 1, 1, 0, dtype='fp32')", "dtype 'fp32' must be one of bf16, fp16")
-        self.expect_error("lib._check(lib._dll.ccfuse_gemm(8, 8, 8, 2, 0, None, None, None, None))",
+        self.expect_error("lib._check(lib._dll.ccfuse_gemm(8, 8, 8, 2, 0, None, None, None, None, None))",
                           "dtype 2 must be 0 (bf16) or 1 (fp16)")
-        self.expect_error("lib._check(lib._dll.ccfuse_gemm(8, 8, 8, 0, 3, None, None, None, None))",
+        self.expect_error("lib._check(lib._dll.ccfuse_gemm(8, 8, 8, 0, 3, None, None, None, None, None))",
                           "b_kn 3 must be 0 (B is [n, k]) or 1 (B is [k, n])")
+        self.expect_error("lib.gemm_workspace_bytes(8, 0, 8)", "m, n and k (8, 0, 8) must be positive")
         self.expect_error("lib.grouped_gemm_workspace_bytes(0)", "num_groups 0 must be positive")
         self.expect_error("lib.grouped_gemm(0, 64, 64, 64, 1, 1, 1, 1, 1, 0)", "num_groups 0 must be positive")
         self.expect_error("lib.grouped_gemm(4, 64, 0, 64, 1, 1, 1, 1, 1, 0)",
