@@ -121,19 +121,24 @@ void launch_grouped(const GroupedGemmDesc& d, const GemmConfig& cfg, const void*
                             d.num_groups, d.n * d.k);
 }
 
-template <class E, int BM, int BN, int BK, int S, bool kTma = false>
+template <class E, int BM, int BN, int BK, int S, bool kTma = false, bool kPingpong = false, int kRing = 0>
 void grouped_layout(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                     const int* rows, void* ws, int* overflow, cudaStream_t s) {
   if (d.b_layout == BLayout::kNK)
-    launch_grouped<sm90::Traits<E, BM, BN, BK, S, true, 1, kTma>>(d, cfg, a, b, c, rows, ws, overflow, s);
-  else launch_grouped<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma>>(d, cfg, a, b, c, rows, ws, overflow, s);
+    launch_grouped<sm90::Traits<E, BM, BN, BK, S, true, 1, kTma, kPingpong, false, kRing>>(d, cfg, a, b, c, rows, ws,
+                                                                                         overflow, s);
+  else
+    launch_grouped<sm90::Traits<E, BM, BN, BK, S, false, 1, kTma, kPingpong, false, kRing>>(d, cfg, a, b, c, rows, ws,
+                                                                                          overflow, s);
 }
 
 // The grouped GEMM's tile shapes, per dtype (the TMA-store epilogue: the default where C's rows are 16-byte aligned).
 template <class E>
 void grouped_dtype(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                    const int* rows, void* ws, int* overflow, cudaStream_t s) {
-  if (cfg.tma_store && cfg.block_n == 256) grouped_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, rows, ws, overflow, s);
+  if (cfg.pingpong)  // validate: the 128x128x64/6 ring only
+    grouped_layout<E, 128, 128, 64, kPingpongRingShape.stages, true, true, 1>(d, cfg, a, b, c, rows, ws, overflow, s);
+  else if (cfg.tma_store && cfg.block_n == 256) grouped_layout<E, 128, 256, 64, 3, true>(d, cfg, a, b, c, rows, ws, overflow, s);
   else if (cfg.tma_store) grouped_layout<E, 128, 128, 64, 5, true>(d, cfg, a, b, c, rows, ws, overflow, s);
   else if (cfg.block_n == 256) grouped_layout<E, 128, 256, 64, 4>(d, cfg, a, b, c, rows, ws, overflow, s);
   else grouped_layout<E, 128, 128, 64, 6>(d, cfg, a, b, c, rows, ws, overflow, s);
@@ -474,10 +479,13 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // 128x160 tiles make at least 10 waves (B [N, K]), ping-pong on 128x160 with 5 stages, cuBLASLt's
   // own kernel there: 16384x4096x512 89.9 / 91.4 -> 94.5 / 95.9, 8192x4096x512 92.1 / 95.2 ->
   // 96.1 / 100.0 (with fewer waves it lost: 4096x4096x512 95.4 against 6-stage 128x128's 99.9).
-  const bool pingpong = tma_ok && !grouped && !split2 && !best.stream && k_tiles <= 16 && tiles_of(narrow) > sms;
+  // Grouped problems (MoE experts; written 2026-12-02) take the same 6-stage 128x128 ping-pong for
+  // K <= 1024 (the 160 ring is not built for them): Qwen3-30B-A3B's down projection has K = 768.
+  // tiles_of counts max_rows as one group, a bound on the tiles any routing makes.
+  const bool pingpong = tma_ok && !split2 && !best.stream && k_tiles <= 16 && tiles_of(narrow) > sms;
   if (pingpong) {
     best = Option{kPingpongRingShape, true, false, 0};
-    if (d.b_layout == BLayout::kNK && k_tiles <= 8 && tiles_of(kPingpongRing160Shape) >= 10 * int64_t(sms))
+    if (!grouped && d.b_layout == BLayout::kNK && k_tiles <= 8 && tiles_of(kPingpongRing160Shape) >= 10 * int64_t(sms))
       best = Option{kPingpongRing160Shape, true, false, 0};
   }
   GemmConfig c;
@@ -619,7 +627,12 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
                    cfg.block_m, "x", cfg.block_n);
   CCFUSE_ARG_CHECK(cfg.split_k == 1, "split_k ", cfg.split_k, " is not supported by the grouped GEMM (1 only)");
   CCFUSE_ARG_CHECK(!cfg.stream_k, "stream_k is not supported by the grouped GEMM");
-  CCFUSE_ARG_CHECK(!cfg.pingpong, "pingpong is not supported by the grouped GEMM (plain problems only)");
+  CCFUSE_ARG_CHECK(!cfg.pingpong || (cfg.tma_store && cfg.block_m == kPingpongRingShape.block_m &&
+                                      cfg.block_n == kPingpongRingShape.block_n &&
+                                      cfg.block_k == kPingpongRingShape.block_k &&
+                                      cfg.stages == kPingpongRingShape.stages),
+                   "pingpong in the grouped GEMM is built for the 128x128x64/6 tile with tma_store, not ", cfg.block_m,
+                   "x", cfg.block_n, "x", cfg.block_k, "/", cfg.stages, cfg.tma_store ? "" : " without tma_store");
   CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
   validate(as_plain(d), cfg);
 }

@@ -516,11 +516,22 @@ BenchRecord gpu_grouped_bench(const Options& o, std::ostream& log) {
     gemm::grouped_run(desc, cfg, a[s]->get(), b[s]->get(), c[s]->get(), static_cast<const int*>(rows_dev.get()),
                       workspace.get(), nullptr, stream.s);
   };
-  // CCFUSE_GROUPED_AB_GROUP_M=N (A/B runs): the engine's config with groups of N row tiles in the
-  // raster, a third variant in the same interleaved rounds (t_variant_ms).
+  // A third variant in the same interleaved rounds (t_variant_ms), for A/B runs:
+  //   CCFUSE_GROUPED_AB_GROUP_M=N    the engine's config with groups of N row tiles in the raster;
+  //   CCFUSE_GROUPED_AB_PINGPONG=1   ping-pong consumers on 128x128x64/6 (the staging ring) where
+  //                                  the engine's config has none, else its whole-tile 128x256x64/3.
   const int ab_group_m = env_int("CCFUSE_GROUPED_AB_GROUP_M", 0, 0, 1 << 20, "row tiles");
+  const bool ab_pingpong = env_int("CCFUSE_GROUPED_AB_PINGPONG", 0, 0, 1, "0 or 1") == 1;
   gemm::GemmConfig variant_cfg = cfg;
-  variant_cfg.group_m = ab_group_m;
+  if (ab_group_m > 0) variant_cfg.group_m = ab_group_m;
+  if (ab_pingpong) {
+    const bool pp = !cfg.pingpong;
+    variant_cfg.pingpong = pp;
+    variant_cfg.tma_store = true;
+    variant_cfg.block_n = pp ? 128 : 256;
+    variant_cfg.stages = pp ? 6 : 3;
+  }
+  const bool ab_variant = ab_group_m > 0 || ab_pingpong;
   const auto variant_run = [&](int it) {
     const size_t s = set_of(it);
     gemm::grouped_run(desc, variant_cfg, a[s]->get(), b[s]->get(), c[s]->get(), static_cast<const int*>(rows_dev.get()),
@@ -531,11 +542,11 @@ BenchRecord gpu_grouped_bench(const Options& o, std::ostream& log) {
     median_ms(stream.s, 1, 3, log, cublas_run);  // warm the clocks (not recorded)
     // Interleaved (gpu_bench_util.cuh): clock drift must not favour whichever runs first.
     std::vector<std::function<void(int)>> runs = {ccfuse_run, cublas_run};
-    if (ab_group_m > 0) runs.push_back(variant_run);
+    if (ab_variant) runs.push_back(variant_run);
     const auto t = medians_interleaved(stream.s, o.warmup, o.iters, log, runs);
     t_ccfuse = t[0];
     t_cublas = t[1];
-    if (ab_group_m > 0) {
+    if (ab_variant) {
       t_variant = t[2];
       log << "gpu: variant " << gemm::to_string(variant_cfg) << " " << t_variant << " ms (" << tflops_of(o, t_variant)
           << " TFLOP/s), interleaved\n";

@@ -634,6 +634,23 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_NO_THROW(validate(g2, grouped_narrow));
   EXPECT_EQ(grouped.cluster_m, 1);
   EXPECT_NO_THROW(validate(g, grouped));
+  // Short K (Qwen3's down projection, K = 768): ping-pong on the 6-stage 128x128 ring, as for plain
+  // problems (never the 160 ring, not built for groups).
+  GroupedGemmDesc g4 = g;
+  g4.num_groups = 64;
+  g4.max_rows = 32768;
+  g4.n = 2048;
+  g4.k = 768;
+  g4.b_layout = BLayout::kNK;
+  const GemmConfig grouped_pp = choose_config(g4, 132);
+  EXPECT_TRUE(grouped_pp.pingpong);
+  EXPECT_TRUE(grouped_pp.tma_store);
+  EXPECT_EQ(grouped_pp.block_n, 128);
+  EXPECT_EQ(grouped_pp.stages, 6);
+  EXPECT_EQ(grouped_pp.cluster_m, 1);
+  EXPECT_NO_THROW(validate(g4, grouped_pp));
+  g4.k = 2048;  // 32 k-blocks: whole tiles
+  EXPECT_FALSE(choose_config(g4, 132).pingpong);
   // Unaligned rows of C: registers (4 stages).
   GroupedGemmDesc g3 = g;
   g3.n = 4100;
@@ -975,10 +992,17 @@ TEST(GemmValidation, PingpongRules) {
   expect_invalid(nk, ring160, "tile 128x160x64 with 4 stages is not built with tma_store (built: 128x256x64/3, "
                               "128x224x64/3, 128x192x64/4, 128x160x64/5, 128x128x64/5, 128x96x64/7, 128x80x64/7, "
                               "128x64x64/8, 128x48x64/9)");
+  // Grouped: the 6-stage ring only (2026-12-02).
   GemmConfig grouped = cfg;
   grouped.cluster_m = 1;
   expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,
-                 "pingpong is not supported by the grouped GEMM (plain problems only)");
+                 "pingpong in the grouped GEMM is built for the 128x128x64/6 tile with tma_store, not 128x128x64/5");
+  grouped.stages = 6;
+  EXPECT_NO_THROW(validate(two_groups(256, 128, BLayout::kNK), grouped));
+  grouped.tma_store = false;
+  expect_invalid(two_groups(256, 128, BLayout::kNK), grouped,
+                 "pingpong in the grouped GEMM is built for the 128x128x64/6 tile with tma_store, not 128x128x64/6 "
+                 "without tma_store");
   // choose_config takes it only for K <= 1024 with more 128x128 tiles than SMs
   // (ChooseConfigPingPongForShortK).
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1024, 1024, 1024}, {4096, 4096, 4096},
@@ -1253,6 +1277,8 @@ struct GroupedCase {
   int block_n;
   int64_t extra_capacity;  // max_rows = sum(rows) + this; negative: overflow on purpose
   bool tma_store = false;  // the TMA-store epilogue (passed on 2x H200 2026-11-30)
+  bool pingpong = false;   // ping-pong consumers on 128x128x64/6 (the staging ring; tma_store)
+  int num_sms = 0;         // the persistent grid (0: every SM)
 };
 
 void PrintTo(const GroupedCase& c, std::ostream* os) { *os << c.name; }
@@ -1277,6 +1303,12 @@ TEST_P(GroupedGemm, EveryGroupMatchesItsOwnFp64Gemm) {
     cfg.tma_store = true;
     cfg.stages = cfg.block_n == 256 ? 3 : 5;
   }
+  if (gc.pingpong) cfg = GemmConfig{128, 128, 64, 6};
+  if (gc.pingpong) {
+    cfg.tma_store = true;
+    cfg.pingpong = true;
+  }
+  if (gc.num_sms > 0) cfg.num_sms = gc.num_sms;
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -1369,6 +1401,18 @@ std::vector<GroupedCase> grouped_cases() {
   out.push_back({"zipf64_kn_tma", zipf, 768, 2048, BLayout::kKN, 256, 0, true});
   out.push_back({"overflow_drops_rows_tma", {300, 300, 300}, 256, 128, BLayout::kKN, 256, -200, true});
   out.push_back({"one_group_takes_all_nk_tma", {0, 0, 3000, 0}, 768, 520, BLayout::kNK, 128, 64, true});
+  // Ping-pong consumers (2026-12-02): whole tiles through each warpgroup's staging slot, cut ones
+  // from registers; few SMs so that every CTA alternates its warpgroups over many tiles, an odd
+  // number of tiles on some CTAs.
+  for (BLayout l : {BLayout::kKN, BLayout::kNK}) {
+    const std::string suffix = std::string("_") + b_layout_name(l) + "_pingpong";
+    out.push_back({"mixed" + suffix, {0, 1, 127, 128, 129, 500, 0, 1000}, 512, 256, l, 128, 0, true, true});
+    out.push_back({"mixed_5sms" + suffix, {0, 1, 127, 128, 129, 500, 0, 1000}, 384, 768, l, 128, 0, true, true, 5});
+  }
+  out.push_back({"zipf64_kn_pingpong", zipf, 768, 2048, BLayout::kKN, 128, 0, true, true});
+  out.push_back({"overflow_drops_rows_pingpong", {300, 300, 300}, 256, 128, BLayout::kKN, 128, -200, true, true});
+  out.push_back({"one_group_takes_all_nk_pingpong", {0, 0, 3000, 0}, 768, 520, BLayout::kNK, 128, 64, true, true, 3});
+  out.push_back({"all_empty_pingpong", {0, 0, 0}, 256, 128, BLayout::kKN, 128, 16, true, true});
   return out;
 }
 

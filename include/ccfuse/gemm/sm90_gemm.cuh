@@ -543,16 +543,19 @@ __device__ __forceinline__ float2 output_pair(const Accum& accum, int j, int h, 
   return make_float2(v0, v1);
 }
 
-template <class Traits, class Epilogue, class Accum>
-__device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Epilogue& epi,
-                                           const Accum& accum, int consumer_idx, const TileWork& w) {
+// One 64-row block of a tile from registers (rows past the tile's group or M, and columns past
+// N, are not written): the m64nNk16 fragment `frag` of warpgroup thread t holds rows
+// block_row0 + 16 (t / 32) + (t % 32) / 4 and 8 below.
+template <class Traits, class Epilogue, class Frag>
+__device__ __forceinline__ void store_block(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                            const Frag& accum, int block_row0, int t, const TileWork& w) {
   using Element = typename Traits::Element;
   constexpr int kBN = Traits::kBlockN;
   constexpr bool kGlu = Epilogue::kAct == Activation::kSiluMul;
   constexpr int kOutCols = kGlu ? kBN / 2 : kBN;  // output columns of one tile
-  static_assert(decltype(size(accum))::value == kBN / 2, "one 64-row wgmma tile per warpgroup");
-  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
-  const int row = wg * (Traits::kBlockM / Traits::kConsumerWGs) + (t / 32) * 16 + lane / 4;  // in the tile
+  static_assert(decltype(size(accum))::value == kBN / 2, "one 64-row wgmma tile");
+  const int lane = t % 32;
+  const int row = block_row0 + (t / 32) * 16 + lane / 4;  // in the tile
   const int64_t out_n = kGlu ? p.n / 2 : p.n;
   const int col0 = w.n_tile * kOutCols + 2 * (lane % 4);
   const int64_t rows = min_i64(w.row_end, p.m) - w.row0;  // rows of this tile's group left from row0
@@ -588,6 +591,14 @@ __device__ __forceinline__ void store_tile(const Params<typename Traits::Element
       }
     }
   }
+}
+
+// A consumer warpgroup's 64 rows of a tile from registers (store_block).
+template <class Traits, class Epilogue, class Accum>
+__device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                           const Accum& accum, int consumer_idx, const TileWork& w) {
+  store_block<Traits, Epilogue>(p, epi, accum, (consumer_idx / 128) * (Traits::kBlockM / Traits::kConsumerWGs),
+                                consumer_idx % 128, w);
 }
 
 // The TMA-store epilogue (Traits::kTmaStore): wait until the previous tile's stores have read the
@@ -1430,7 +1441,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     static_assert(!Epilogue::kHasSendWarps && !Epilogue::kHasNotify && !Epilogue::kHasAddends &&
                       !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value,
                   "ping-pong consumers are built for plain problems and epilogues");
-    static_assert(tma_store_ok<Epilogue>::value && tma_store_ok<Schedule>::value, "ping-pong stores through TMA");
+    // Whole tiles through TMA; a grouped schedule's tile cut by its group's end (rows past it
+    // belong to the next group) from registers, as the cooperative consumers do.
+    static_assert(tma_store_ok<Epilogue>::value, "ping-pong stores through TMA");
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     typename Traits::TiledMma mma;
     const int wg = warp_group - 1, t = threadIdx.x % 128;
@@ -1454,7 +1467,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
-      store_tile_tma_wg<Traits>(p, epi, ss, tma_c, accum, wg, t, w);
+      if (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end) {
+        store_tile_tma_wg<Traits>(p, epi, ss, tma_c, accum, wg, t, w);
+      } else {
+        CUTE_UNROLL
+        for (int mb = 0; mb < 2; ++mb) store_block<Traits, Epilogue>(p, epi, accum(_, mb, _), 64 * mb, t, w);
+      }
     }
     if (t == 0) tma_store_wait<0>();  // the staging buffer must outlive the last stores' reads of it
   } else {
