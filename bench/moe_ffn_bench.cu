@@ -377,7 +377,8 @@ const char* const kUsage =
     "  CCFUSE_MOE_STRIPED=1|0: layer 0's striped dispatch or the dispatch by units (not the tuner's).\n"
     "  CCFUSE_MOE_STRIPE_ROWS=N: rows per send warp per round of the striped dispatch (1..32, default 4).\n"
     "  CCFUSE_MOE_GROUPED_SYM=1: the plain grouped GEMMs' A and C in symmetric memory (A/B of the allocation).\n"
-    "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n";
+    "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n"
+    "  CCFUSE_MOE_L1_PINGPONG=1|0: layer 1's GEMM on 128x128 ping-pong tiles or 128x256 (not the tuner's).\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {
@@ -647,6 +648,10 @@ int main(int argc, char** argv) {
               // CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs instead of the tuner's (0: after the GEMM).
               cfg.presum_ctas = choice.presum_ctas;
               if (const std::string v = env_or("CCFUSE_MOE_PRESUM_CTAS", ""); !v.empty()) cfg.presum_ctas = std::stoi(v);
+              // Layer 1's tiles: the tuner's (ping-pong 128x128 for F <= 1024 where the pre-sum runs after
+              // the GEMM); CCFUSE_MOE_L1_PINGPONG=1|0 forces ping-pong or the 128x256 tile (A/B).
+              cfg.l1_pingpong = choice.l1_pingpong && cfg.presum_ctas == 0 && cfg.tma_store ? 1 : 0;
+              if (const std::string v = env_or("CCFUSE_MOE_L1_PINGPONG", ""); !v.empty()) cfg.l1_pingpong = v == "1" ? 1 : 0;
               // CCFUSE_MOE_DISPATCH_SPREAD_FRACTION=f (experiment): layer 0's dispatch paced over f x its
               // GEMM's estimated time (T * k rows x [H, 2F] at 700 TFLOP/s; MoeFfnConfig::dispatch_spread_us).
               if (const std::string v = env_or("CCFUSE_MOE_DISPATCH_SPREAD_FRACTION", ""); !v.empty()) {

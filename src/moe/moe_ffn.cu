@@ -951,6 +951,8 @@ struct MoeFfn::State {
   int32_t* row_of = nullptr;                       // kPresum: [W][max_tokens * k]
   int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
   int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
+  bool l1_pp = false;                              // resolved MoeFfnConfig::l1_pingpong
+  int l1_block_n = 256;                            // layer 1's tile width (128 with ping-pong)
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
@@ -1024,6 +1026,13 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s_->cfg.combine = cfg.combine;
   CCFUSE_ARG_CHECK(cfg.combine != MoeCombine::kPresum || d.topk <= 32, "topk ", d.topk,
                    " must be at most 32 with the pre-summed combine (a warp holds a token's slots)");
+  CCFUSE_ARG_CHECK(cfg.l1_pingpong >= -1 && cfg.l1_pingpong <= 1, "l1_pingpong ", cfg.l1_pingpong,
+                   " must be -1 (by F), 0 (128x256 tiles) or 1 (128x128 ping-pong)");
+  CCFUSE_ARG_CHECK(cfg.l1_pingpong < 1 || cfg.combine == MoeCombine::kPresum,
+                   "l1_pingpong 1 needs the pre-summed combine (the per-slot combine forwards 256-column tiles)");
+  CCFUSE_ARG_CHECK(cfg.l1_pingpong < 1 || (cfg.presum_ctas == 0 && cfg.tma_store),
+                   "l1_pingpong 1 needs the pre-sum after the GEMM (presum_ctas 0, got ", cfg.presum_ctas,
+                   ") and tma_store", cfg.tma_store ? "" : " (false here)");
   const int64_t entries = d.max_tokens * d.topk;
   CCFUSE_ARG_CHECK(entries * w < (int64_t(1) << 31), "max_tokens * topk * world size ", entries * w,
                    " must stay below 2^31 (row indices)");
@@ -1063,6 +1072,10 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
       s.presum_ctas = cfg.presum_ctas;
     }
     CCFUSE_CUDA_CHECK(cudaMalloc(&s.slice_done, size_t(d.hidden / kBlockN + 1) * sizeof(int)));
+    // Layer 1 on ping-pong 128x128 tiles: the pre-sum after a plain grouped GEMM through TMA stores.
+    const bool pp_ok = s.presum_ctas == 0 && cfg.tma_store;
+    s.l1_pp = pp_ok && (cfg.l1_pingpong > 0 || (cfg.l1_pingpong < 0 && auto_l1_pingpong(d.ffn)));
+    s.l1_block_n = s.l1_pp ? 128 : kBlockN;
     std::vector<E*> pp(static_cast<size_t>(w));
     for (int r = 0; r < w; ++r) pp[size_t(r)] = static_cast<E*>(s.partial->peer(r));
     E** dev = nullptr;
@@ -1158,8 +1171,8 @@ std::string MoeFfn::describe() const {
              ? (s_->presum_ctas > 0
                     ? " layer1=grouped(sliced)+row-weight combine=presum(per token and rank, " +
                           std::to_string(s_->presum_ctas) + " side CTAs beside the GEMM) reduce=fp32-rank-sum"
-                    : std::string(" layer1=grouped+row-weight combine=presum(per token and rank, after the GEMM) "
-                                  "reduce=fp32-rank-sum"))
+                    : std::string(s_->l1_pp ? " layer1=grouped(128x128x64/6 ping-pong)" : " layer1=grouped") +
+                          "+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum")
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
@@ -1195,6 +1208,19 @@ void launch_layer(bool nk, bool tma, int64_t m, int64_t n, int64_t k, const void
   }
   if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
   else launch<Traits<E, 128, 256, 64, 4, false>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
+}
+// Layer 1's grouped GEMM on ping-pong 128x128x64 tiles with 6 stages (MoeFfnConfig::l1_pingpong;
+// the engine's sub-tile staging ring, sm90::Traits::kStagingRing): TMA-stored whole tiles, a
+// group's cut last tile from registers.
+template <class Schedule, class Epi>
+void launch_layer_pingpong(bool nk, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int64_t ldc,
+                           const Schedule& sched, const Epi& epi, int sms, int groups, cudaStream_t stream) {
+  using gemm::sm90::Traits;
+  static_assert(gemm::sm90::tma_store_ok<Epi>::value, "ping-pong stores through TMA");
+  if (nk) launch<Traits<E, 128, 128, 64, 6, true, 1, true, true, false, 1>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups,
+                                                                             stream);
+  else launch<Traits<E, 128, 128, 64, 6, false, 1, true, true, false, 1>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups,
+                                                                           stream);
 }
 }  // namespace
 
@@ -1250,7 +1276,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     route_push_kernel<<<2 * dev_sms, 256, 0, stream>>>(s.geo, topk_ids, topk_w, num_tokens, s.gids_peers, s.gw_peers);
     CCFUSE_CUDA_CHECK_LAUNCH();
   }
-  const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / kBlockN);
+  const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / s.l1_block_n);
   const size_t exchange_smem = size_t(s.geo.world + 1) * d.num_experts * 4;
   exchange_kernel<<<1, 256, exchange_smem, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan,
                                                      n_tiles0, n_tiles1, s.max_rows);
@@ -1435,14 +1461,19 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
 void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
-  const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(int(d.hidden / kBlockN), s.plan.tile_prefix1);
+  const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(int(d.hidden / s.l1_block_n), s.plan.tile_prefix1);
   const int dev_sms = gemm::current_device_sms();
   // The weighted rows into y (the plain grouped GEMM with the router weight as row scale).
   gemm::sm90::ActivationEpilogue<gemm::sm90::Activation::kNone, true> epi;
   epi.scale = static_cast<const float*>(s.row_w->local());
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : dev_sms;
-  launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden,
-               sched, epi, sms, s.geo.epr, stream);
+  if (s.l1_pp) {
+    launch_layer_pingpong(d.b_layout == gemm::BLayout::kNK, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden,
+                          sched, epi, sms, s.geo.epr, stream);
+  } else {
+    launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y,
+                 d.hidden, sched, epi, sms, s.geo.epr, stream);
+  }
   CCFUSE_CUDA_CHECK_LAUNCH();
   // "l1gemm": stop after the GEMM (the pre-sum and combine kernels' time is the difference).
   if (gemm_only) return;

@@ -96,14 +96,17 @@ struct Case {
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
+  int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by F; every presum case here has F <= 1024)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-// The largest world size <= min(GPUs, kMaxMoeRanks) that divides E (0: none >= 2).
+// The largest world size <= min(GPUs, kMaxMoeRanks) that divides E (0: none >= 2). With one GPU,
+// 1: the layers without a peer (every row local; the GEMMs, layouts, pre-sum and combine are the
+// same kernels), so that a one-GPU machine checks them too.
 int world_for(int experts) {
   for (int w = std::min(gpu_count(), kMaxMoeRanks); w >= 2; --w)
     if (experts % w == 0) return w;
-  return 0;
+  return gpu_count() == 1 ? 1 : 0;
 }
 
 // One rank's uploads and what the test expects of it.
@@ -252,10 +255,10 @@ std::vector<RankData> make_problem(const Case& c, int w, uint64_t seed) {
 class GpuMoeFfn : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuMoeFfn, MatchesFp64Reference) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_GPUS(1);
   Case c = GetParam();
   const int w = world_for(c.experts);
-  if (w < 2) GTEST_SKIP() << "no world size in [2, " << gpu_count() << "] divides " << c.experts << " experts";
+  if (w < 1) GTEST_SKIP() << "no world size in [2, " << gpu_count() << "] divides " << c.experts << " experts";
   if (c.max_tokens == 0) c.max_tokens = *std::max_element(c.tokens.begin(), c.tokens.end());
   std::random_device rd;
   const uint64_t seed = rd();
@@ -287,6 +290,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.striped_dispatch = c.striped;
     config.stripe_rows = c.stripe_rows;
     config.dispatch_spread_us = c.dispatch_spread_us;
+    config.l1_pingpong = c.l1_pingpong;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     config.gather_rows = c.gather_rows;
@@ -456,6 +460,21 @@ std::vector<Case> cases() {
               presum};
   slices.presum_ctas = 3;
   v.push_back(slices);
+  // Layer 1 on 128x256 tiles with the pre-sum after it (l1_pingpong 0; every presum case above
+  // takes the 128x128 ping-pong tiles, F <= 1024, since 2026-12-02): whole and cut tiles, top-8,
+  // drops, few CTAs.
+  for (Case wide : {Case{"l1_wide_whole_tiles_swiglu_nk", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0,
+                         0, 0, 0, presum},
+                    Case{"l1_wide_top8_e16_drops_8sms", 512, 256, 16, 8, true, BLayout::kKN, Route::kZipf, {300, 90}, 0,
+                         0.1, 0.02, 8, presum}}) {
+    wide.l1_pingpong = 0;
+    v.push_back(wide);
+  }
+  // Ping-pong with few CTAs: each alternates its two consumer warpgroups over many tiles.
+  Case pp_few{"l1_pingpong_zipf_uneven_5sms", 1024, 384, 8, 4, true, BLayout::kNK, Route::kZipf, {700, 130}, 0, 0.05,
+              0.01, 5, presum};
+  pp_few.l1_pingpong = 1;
+  v.push_back(pp_few);
   Case regs{"regstore_whole_tiles_swiglu", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0, 0,
             presum};
   regs.tma_store = false;
@@ -542,7 +561,7 @@ void expect_rejected(F&& f, const std::string& argument) {
 }
 
 TEST(GpuMoeFfn, RejectsBadInput) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_GPUS(1);  // one GPU: W = 1, where every E divides (the num_experts rule needs W >= 2)
   const int w = std::min(gpu_count(), kMaxMoeRanks);
   std::vector<int> devices(static_cast<size_t>(w));
   std::iota(devices.begin(), devices.end(), 0);
@@ -559,7 +578,7 @@ TEST(GpuMoeFfn, RejectsBadInput) {
       change(d);
       return d;
     };
-    expect_rejected([&] { MoeFfn op(team, with([&](MoeFfnDesc& d) { d.num_experts = w + 1; })); }, "num_experts");
+    if (w > 1) expect_rejected([&] { MoeFfn op(team, with([&](MoeFfnDesc& d) { d.num_experts = w + 1; })); }, "num_experts");
     expect_rejected([&] { MoeFfn op(team, with([&](MoeFfnDesc& d) { d.topk = 2 * w + 1; })); }, "topk");
     expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.topk = 0; })); }, "topk");
     expect_rejected([&] { MoeFfn op(team, with([](MoeFfnDesc& d) { d.hidden = 100; })); }, "hidden");
@@ -581,6 +600,19 @@ TEST(GpuMoeFfn, RejectsBadInput) {
                     "striped_dispatch");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.gather_rows = true; })); },
                     "gather_rows needs dispatch = kAllGather");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.l1_pingpong = 2; })); }, "l1_pingpong");
+    expect_rejected([&] {
+      MoeFfn op(team, good, config([](MoeFfnConfig& c) {
+        c.l1_pingpong = 1;
+        c.combine = MoeCombine::kPerSlot;
+      }));
+    }, "l1_pingpong 1 needs the pre-summed combine");
+    expect_rejected([&] {
+      MoeFfn op(team, good, config([](MoeFfnConfig& c) {
+        c.l1_pingpong = 1;
+        c.presum_ctas = 2;
+      }));
+    }, "l1_pingpong 1 needs the pre-sum after the GEMM (presum_ctas 0, got 2)");
 
     MoeFfn op(team, good);
     const int64_t t = good.max_tokens + 1, h = good.hidden, f = good.ffn;

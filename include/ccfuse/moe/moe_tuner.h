@@ -39,6 +39,8 @@ struct MoeChoice {
   // sends and expert-order tiles (the rows leave in the order every receiver's tiles take them).
   bool striped_dispatch = false;
   int stripe_rows = 16;  // its rows per send warp and round (MoeTunerConstants::kStripeRows)
+  // Layer 1's GEMM on ping-pong 128x128 tiles (MoeFfnConfig::l1_pingpong; auto_l1_pingpong).
+  bool l1_pingpong = false;
   // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
   // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
   // token to every peer once: k / W. Above 1 the all-gather mode (not built on GPUs) would move
@@ -60,6 +62,9 @@ bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bo
 // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch = -1): with peers, rows (hidden * 2
 // bytes in bf16) of at least kStripedMinRowBytes (4 KB: Qwen3, Mixtral, DeepSeek-like all).
 bool auto_striped(int64_t row_bytes, int world_size);
+// Layer 1's grouped GEMM (K = F) on ping-pong 128x128x64/6 tiles: F <= kL1PingpongMaxFfn (the
+// plain engine's rule for short K, choose_config).
+bool auto_l1_pingpong(int64_t ffn);
 
 // Throws InvalidArgument naming the argument and the rule: world_size < 1, num_experts not
 // divisible by it, topk outside [1, num_experts], non-positive tokens/hidden/ffn, imbalance that
@@ -102,6 +107,8 @@ struct MoeTunerConstants {
   static constexpr double kPresumCtaGbps = 30;
   static constexpr int kPresumMinCtas = 4;
   static constexpr int kPresumMaxCtas = 32;
+  // Layer 1 on ping-pong tiles up to this F (16 k-blocks of 64), as the plain GEMM engine for K.
+  static constexpr int64_t kL1PingpongMaxFfn = 1024;
 };
 
 }  // namespace ccfuse::moe
