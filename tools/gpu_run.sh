@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [torch_mm] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -192,6 +192,34 @@ if [[ " $what " == *" grouped "* ]]; then
   summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse + $(wc -l < "$OUT/grouped_torch.jsonl") torch records; $(grep -m1 '^geomean' "$OUT/grouped_summary.log")")
   grep -q '^same-clock' "$OUT/grouped_summary.log" && summary+=("grouped: $(grep -m1 '^same-clock' "$OUT/grouped_summary.log")")
 fi
+if [[ " $what " == *" torch_mm "* ]]; then
+  # ccfuse.torch_ops.mm (the C ABI's ccfuse_gemm, workspace from torch's allocator) on one GPU
+  # (tools/torch_mm_check.py): fp64 check, two streams, a CUDA-graph replay, timed interleaved
+  # with torch.mm; then the same check on a corrupted output must fail (exit 3).
+  : > "$OUT/torch_mm.jsonl"
+  timeout 300 python3 tools/torch_mm_check.py --ccfuse-lib "$BIN/libccfuse_c.so" --json "$OUT/torch_mm.jsonl" \
+    2>&1 | tee "$OUT/torch_mm.log"
+  rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+  timeout 60 python3 tools/torch_mm_check.py --ccfuse-lib "$BIN/libccfuse_c.so" --json "$OUT/torch_mm_fault.jsonl" \
+    --only wide_8192x8192x4096_kn --iters 2 --inject-fault > "$OUT/torch_mm_fault.log" 2>&1
+  rc_fault=$?; [ $rc_fault = 3 ] || status=1
+  summary+=("torch_ops.mm: rc=$rc, $(grep -c '"check": "PASS"' "$OUT/torch_mm.jsonl") PASS, $(grep -c '"check": "FAIL"' "$OUT/torch_mm.jsonl") FAIL; injected fault rc=$rc_fault (want 3)")
+fi
+if [[ " $what " == *" grouped_ab "* ]]; then
+  # A/B of a grouped-GEMM variant against the engine's config in the same interleaved rounds
+  # (src/tool/gpu_grouped_bench.cu: CCFUSE_GROUPED_AB_PINGPONG=1 by default, or
+  # CCFUSE_GROUPED_AB="CCFUSE_GROUPED_AB_GROUP_M=16"), on the MoE cases of tools/moe_grouped.py
+  # (CCFUSE_GROUPED_ONLY filters them by name); the summary's last lines give the speed ratios.
+  : > "$OUT/grouped_ab.jsonl"; : > "$OUT/grouped_ab.log"
+  ab_env=${CCFUSE_GROUPED_AB:-CCFUSE_GROUPED_AB_PINGPONG=1}
+  while read -r args; do
+    env $ab_env timeout 120 $BIN/ccfuse bench --op grouped_gemm $args --dtype bf16 --iters 10 \
+      --json "$OUT/grouped_ab.jsonl" < /dev/null >> "$OUT/grouped_ab.log" 2>&1 || status=1
+  done < <(python3 tools/moe_grouped.py --only "${CCFUSE_GROUPED_ONLY:-}")
+  python3 tools/merge_peer.py "$OUT/grouped_ab.jsonl" "$OUT/grouped_torch.jsonl" --table \
+    > "$OUT/grouped_ab_summary.log" 2>&1 || status=1
+  summary+=("grouped A/B ($ab_env): $(grep -m1 '^variant speed ratio' "$OUT/grouped_ab_summary.log")")
+fi
 if [[ " $what " == *" probe "* ]]; then
   # Design probes for the fused ag_gemm (docs/tp-fusion.md): copy engine + stream write-value
   # flags into a peer, and co-scheduling of a publisher kernel with a persistent GEMM.
@@ -326,15 +354,7 @@ if [[ " $what " == *" moe_diag "* ]]; then
       --tokens ${CCFUSE_MOE_DIAG_TOKENS:-4096} --routing uniform ${CCFUSE_MOE_DIAG_MODELS:+--model $CCFUSE_MOE_DIAG_MODELS} \
       --json "$OUT/moe_diag.jsonl" --iters 10 --warmup 3 >> "$OUT/moe_diag.log" 2>&1 || status=1
   done
-  python3 - "$OUT/moe_diag.jsonl" > "$OUT/moe_diag_summary.log" <<'PY'
-import json, sys
-print(f"{'model':9} {'config DIAG':24} {'fused':>8} {'layer0':>8} {'layer1':>8} {'grp0':>8} {'grp1':>8}  (ms)")
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    d = r["config"].split("DIAG=")[1].split("(")[0] if "DIAG=" in r["config"] else "default"
-    print(f"{r['model']:9} {d:24} {r['t_fused_ms']:8.3f} {r['t_layer0_ms']:8.3f} {r['t_layer1_ms']:8.3f} "
-          f"{r.get('t_grouped0_ccfuse_ms', 0):8.3f} {r.get('t_grouped1_ccfuse_ms', 0):8.3f}")
-PY
+  python3 tools/moe_records.py "$OUT/moe_diag.jsonl" > "$OUT/moe_diag_summary.log"
   cat "$OUT/moe_diag_summary.log"
   summary+=("moe diag: moe_diag_summary.log")
 fi
@@ -370,8 +390,11 @@ if [[ " $what " == *" moe_ab "* ]]; then
     stripe_rows=""; [[ $variant =~ ^striped([0-9]+)inter$ ]] && { stripe_rows=${BASH_REMATCH[1]}; order=interleave; l0order=expert; }
     # l0paceF: the tuner's choices with layer 0's dispatch paced over F x its GEMM's estimated time.
     pace=""; [[ $variant =~ ^l0pace([0-9.]+)$ ]] && pace=${BASH_REMATCH[1]}
-    CCFUSE_MOE_DISPATCH_SPREAD_FRACTION=$pace CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
-      $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 \
+    # l1pp1 / l1pp0: layer 1's GEMM on 128x128 ping-pong tiles / on 128x256 (MoeFfnConfig::l1_pingpong).
+    l1pp=""; [[ $variant =~ ^l1pp([01])$ ]] && l1pp=${BASH_REMATCH[1]}
+    # CCFUSE_MOE_AB_ARGS: more bench arguments for every variant (e.g. "--model qwen3").
+    CCFUSE_MOE_L1_PINGPONG=$l1pp CCFUSE_MOE_DISPATCH_SPREAD_FRACTION=$pace CCFUSE_MOE_STRIPE_ROWS=$stripe_rows CCFUSE_MOE_STRIPED=$striped CCFUSE_MOE_L0_ORDER=$l0order CCFUSE_MOE_COMBINE=$combine CCFUSE_MOE_SEND_ORDER=$order CCFUSE_MOE_DISPATCH_MODE=$mode CCFUSE_MOE_TMA_STORE=$tma CCFUSE_MOE_PRESUM_CTAS=$presum timeout ${CCFUSE_MOE_TIMEOUT:-400} \
+      $BIN/ccfuse_moe_ffn_bench --json "$OUT/moe_fused_$variant.jsonl" --iters 10 --warmup 3 ${CCFUSE_MOE_AB_ARGS:-} \
       > "$OUT/moe_fused_$variant.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
     if [ -s "$OUT/moe_serial.jsonl" ]; then
@@ -379,7 +402,8 @@ if [[ " $what " == *" moe_ab "* ]]; then
         --out "$OUT/moe_merged_$variant.jsonl" > "$OUT/moe_table_$variant.log" 2>&1 || status=1
       summary+=("moe $variant: rc=$rc; $(grep -m1 '^geomean' "$OUT/moe_table_$variant.log"); $(grep -m1 '^fused/limit' "$OUT/moe_table_$variant.log")")
     else
-      summary+=("moe $variant: rc=$rc (no serial records in this call: run moe first)")
+      python3 tools/moe_records.py "$OUT/moe_fused_$variant.jsonl" > "$OUT/moe_table_$variant.log" 2>&1
+      summary+=("moe $variant: rc=$rc (no serial records in this call; moe_table_$variant.log)")
     fi
   done
 fi

@@ -84,7 +84,7 @@ def table(recs):
         "shape", "routing", "rows", "ccfuse", "cublas_g", "torch", "pct_best", "ccfuse_il", "torch_il", "pct_il"),
              "%-20s %-10s %7s %9s %9s %9s %8s %9s %9s %8s" % (
         "", "", "", "TFLOP/s", "TFLOP/s", "TFLOP/s", "%", "TFLOP/s", "TFLOP/s", "%")]
-    pcts, pcts_il, mixtral = [], [], []
+    pcts, pcts_il, mixtral, variant = [], [], [], []
     fmt = lambda v: "-" if v is None else "%.1f" % v  # noqa: E731
     for r in recs:
         if r.get("op") != "grouped_gemm":
@@ -101,6 +101,9 @@ def table(recs):
             pcts.append(pct)
         if pct_il:
             pcts_il.append(pct_il)
+        if r.get("t_variant_ms") and r.get("t_fused_ms"):
+            # An A/B variant timed in the same interleaved rounds as the engine's config.
+            variant.append((name, r["routing"], r["t_fused_ms"] / r["t_variant_ms"], r.get("variant_config", "")))
         if name.startswith("mixtral") and r.get("t_fused_ms"):
             mixtral.append(tf(r["t_fused_ms"]))
     geo = lambda v: math.exp(sum(math.log(p) for p in v) / len(v)) if v else float("nan")  # noqa: E731
@@ -109,6 +112,13 @@ def table(recs):
     if pcts_il:
         lines.append("same-clock pct of best baseline (each interleaved with ccfuse): geomean %.1f%%, min %.1f%% "
                      "over %d cases" % (geo(pcts_il), min(pcts_il), len(pcts_il)))
+    if variant:
+        lines.append("variant against the engine's config, same rounds (speed ratio: t_engine / t_variant):")
+        for name, routing, ratio, cfg in variant:
+            lines.append("  %-20s %-10s %6.3f  %s" % (name, routing, ratio, cfg))
+        ratios = [v[2] for v in variant]
+        lines.append("variant speed ratio: geomean %.3f, min %.3f, max %.3f over %d cases" % (
+            geo(ratios), min(ratios), max(ratios), len(ratios)))
     return "\n".join(lines)
 
 

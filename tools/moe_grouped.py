@@ -106,11 +106,12 @@ def case_key(rec):
 
 if __name__ == "__main__":
     # `python3 tools/moe_grouped.py [--only TEXT]` prints one case per line: the ccfuse options
-    # (gpu_run.sh reads them); --only keeps the cases whose name contains TEXT.
+    # (gpu_run.sh reads them); --only keeps the cases whose name contains TEXT (or one of TEXT's
+    # '|'-separated parts, e.g. "qwen3|dsv3").
     import sys
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     for c in cases():
-        if only not in c["name"]:
+        if not any(part in c["name"] for part in only.split("|")):
             continue
         print("--experts %d --tokens %d --topk %d --n %d --k %d --routing %s --b-layout %s" %
               (c["experts"], c["tokens"], c["topk"], c["n"], c["k"], c["routing"], c["b_layout"]))

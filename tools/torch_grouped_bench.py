@@ -148,7 +148,7 @@ def main():
     p.add_argument("--json", required=True)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--only", default="", help="run cases whose name contains this text")
+    p.add_argument("--only", default="", help="run cases whose name contains this text (or one of its '|'-separated parts)")
     p.add_argument("--ccfuse-lib", default="", help="libccfuse_c.so: time ccfuse's grouped GEMM interleaved with torch")
     p.add_argument("--inject-fault", action="store_true", help="corrupt one element of ccfuse's output (checks the check)")
     args = p.parse_args()
@@ -166,7 +166,7 @@ def main():
     wrong = []
     with open(args.json, "a") as f:
         for case in moe_grouped.cases():
-            if args.only and args.only not in case["name"]:
+            if args.only and not any(part in case["name"] for part in args.only.split("|")):
                 continue
             total = case["tokens"] * case["topk"]
             rec = dict(op="grouped_gemm", source="torch", world_size=1, m=total, n=case["n"], k=case["k"],

@@ -80,3 +80,18 @@ class MergeTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+class VariantTest(unittest.TestCase):
+    def test_variant_ratio_lines(self):
+        # An A/B variant timed in the engine's rounds (CCFUSE_GROUPED_AB_*): its speed ratio per case
+        # and their geomean; none without variant records.
+        base = dict(op="grouped_gemm", experts=64, topk=8, tokens_per_rank=4096, n=2048, k=768, routing="uniform",
+                    b_layout="nk", dtype="bf16", m=32768, t_gemm_ms=0.4, baseline="cublas_grouped")
+        a = dict(base, t_fused_ms=0.20, t_variant_ms=0.19, variant_config="block=128x128x64 stages=6 pingpong")
+        b = dict(base, routing="zipf", t_fused_ms=0.30, t_variant_ms=0.32, variant_config="x")
+        t = merge_peer.table(merge_peer.merge([a, b], []))
+        self.assertIn("qwen3-down-T4096", t)
+        self.assertIn("1.053  block=128x128x64 stages=6 pingpong", t)
+        self.assertIn("variant speed ratio: geomean %.3f, min 0.938, max 1.053 over 2 cases" %
+                      ((0.20 / 0.19 * 0.30 / 0.32) ** 0.5), t)
+        self.assertNotIn("variant", merge_peer.table(merge_peer.merge([dict(base, t_fused_ms=0.2)], [])))
