@@ -30,6 +30,7 @@ from ._capi import Ccfuse
 _lib = None
 _local_lib = None  # loaded by mm / grouped_mm when init() was not called (no Team)
 _ops = {}
+_mm_ws_bytes = {}  # mm: workspace bytes per (m, n, k, b_is_weight, dtype, device)
 
 
 def init(lib_path=None):
@@ -166,8 +167,12 @@ def mm(a, b, out=None, b_is_weight=False):
     c = _out("out", out, (m, n), a)
     _no_overlap(c, a=a, b=b)
     lib = _gemm_lib()
-    # Split-K's partials in torch's caching allocator on this stream (never shared across streams)
-    ws_bytes = lib.gemm_workspace_bytes(m, n, k, b_kn=not b_is_weight, dtype=dtype)
+    # Split-K's partials in torch's caching allocator on this stream (never shared across streams);
+    # the size per problem and device (the config depends on the device's SMs) is asked once.
+    key = (m, n, k, b_is_weight, dtype, a.device.index)
+    ws_bytes = _mm_ws_bytes.get(key)
+    if ws_bytes is None:
+        ws_bytes = _mm_ws_bytes[key] = lib.gemm_workspace_bytes(m, n, k, b_kn=not b_is_weight, dtype=dtype)
     ws = torch.empty((ws_bytes,), dtype=torch.uint8, device=a.device) if ws_bytes > 0 else None
     lib.gemm(m, n, k, a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream,
              b_kn=not b_is_weight, dtype=dtype, workspace=ws.data_ptr() if ws is not None else None)
