@@ -648,7 +648,7 @@ int main(int argc, char** argv) {
               // CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs instead of the tuner's (0: after the GEMM).
               cfg.presum_ctas = choice.presum_ctas;
               if (const std::string v = env_or("CCFUSE_MOE_PRESUM_CTAS", ""); !v.empty()) cfg.presum_ctas = std::stoi(v);
-              // Layer 1's tiles: the tuner's (ping-pong 128x128 for F <= 1024 where the pre-sum runs after
+              // Layer 1's tiles: the tuner's (ping-pong 128x128 for H >= 4096 where the pre-sum runs after
               // the GEMM); CCFUSE_MOE_L1_PINGPONG=1|0 forces ping-pong or the 128x256 tile (A/B).
               cfg.l1_pingpong = choice.l1_pingpong && cfg.presum_ctas == 0 && cfg.tma_store ? 1 : 0;
               if (const std::string v = env_or("CCFUSE_MOE_L1_PINGPONG", ""); !v.empty()) cfg.l1_pingpong = v == "1" ? 1 : 0;

@@ -53,6 +53,8 @@ constexpr TileShape kPingpongRingShape = {128, 128, 64, 6};
 // K] only (as the 160 tile), CTAs unpaired. (With whole-tile staging it had 4 stages and ran
 // 0.5-10 points below 128x128 ping-pong, 2026-12-01.)
 constexpr TileShape kPingpongRing160Shape = {128, 160, 64, 5};
+// Grouped problems take the 128x128 ping-pong ring from this N (choose_plain).
+constexpr int64_t kGroupedPingpongMinN = 4096;
 // The 96-column TMA-store tile (choose_config picks it for one-wave B [N, K] problems where it
 // fills the wave much better, since 2026-11-30 12:40): for one-wave problems
 // where cuBLASLt takes 96- or 80-column tiles. 7 stages: 7 x 28 KiB of A/B + 24 KiB of C staging
@@ -479,10 +481,15 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // 128x160 tiles make at least 10 waves (B [N, K]), ping-pong on 128x160 with 5 stages, cuBLASLt's
   // own kernel there: 16384x4096x512 89.9 / 91.4 -> 94.5 / 95.9, 8192x4096x512 92.1 / 95.2 ->
   // 96.1 / 100.0 (with fewer waves it lost: 4096x4096x512 95.4 against 6-stage 128x128's 99.9).
-  // Grouped problems (MoE experts; written 2026-12-02) take the same 6-stage 128x128 ping-pong for
-  // K <= 1024 (the 160 ring is not built for them): Qwen3-30B-A3B's down projection has K = 768.
-  // tiles_of counts max_rows as one group, a bound on the tiles any routing makes.
-  const bool pingpong = tma_ok && !split2 && !best.stream && k_tiles <= 16 && tiles_of(narrow) > sms;
+  // Grouped problems (MoE experts) take the 6-stage 128x128 ping-pong by N, not K: measured
+  // 2026-12-02 (one H200, `...grouped-ab-pingpong-*-50f54a5`, each against 128x256x64/3 in the same
+  // rounds) it was faster on all 12 DeepSeek-like cases (N = 4096 and 7168, K = 7168 and 2048:
+  // -0.5 to +7.5 %) and on 9 of 12 Mixtral ones (N = 28672 and 4096: -6.3 to +2.8 %, geomean
+  // +0.7 %), but slower on 10 of 13 Qwen3 ones (N = 1536 and 2048, K = 2048 and 768, even at
+  // K = 768: -5 to +1 %). tiles_of counts max_rows as one group, a bound on the tiles any routing
+  // makes. (The 160 ring is not built for groups.)
+  const bool pingpong = tma_ok && !split2 && !best.stream && tiles_of(narrow) > sms &&
+                        (grouped ? d.n >= kGroupedPingpongMinN : k_tiles <= 16);
   if (pingpong) {
     best = Option{kPingpongRingShape, true, false, 0};
     if (!grouped && d.b_layout == BLayout::kNK && k_tiles <= 8 && tiles_of(kPingpongRing160Shape) >= 10 * int64_t(sms))

@@ -1074,7 +1074,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
     CCFUSE_CUDA_CHECK(cudaMalloc(&s.slice_done, size_t(d.hidden / kBlockN + 1) * sizeof(int)));
     // Layer 1 on ping-pong 128x128 tiles: the pre-sum after a plain grouped GEMM through TMA stores.
     const bool pp_ok = s.presum_ctas == 0 && cfg.tma_store;
-    s.l1_pp = pp_ok && (cfg.l1_pingpong > 0 || (cfg.l1_pingpong < 0 && auto_l1_pingpong(d.ffn)));
+    s.l1_pp = pp_ok && (cfg.l1_pingpong > 0 || (cfg.l1_pingpong < 0 && auto_l1_pingpong(d.hidden)));
     s.l1_block_n = s.l1_pp ? 128 : kBlockN;
     std::vector<E*> pp(static_cast<size_t>(w));
     for (int r = 0; r < w; ++r) pp[size_t(r)] = static_cast<E*>(s.partial->peer(r));

@@ -120,17 +120,17 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
     why << "layer 1 pre-sum after the GEMM (presum_ctas 0): beside it in side CTAs over a sliced tile order "
            "measured slower on 17 of 18 cases (1.70x vs 1.83x the serial layer; Mixtral layer 1 2.39 vs "
            "1.76 ms), presum_ctas_for would give " << presum_ctas_for(p) << " here.";
-  c.l1_pingpong = c.combine == std::string("presum") && auto_l1_pingpong(p.ffn);
+  c.l1_pingpong = c.combine == std::string("presum") && auto_l1_pingpong(p.hidden);
   if (c.combine == std::string("presum"))
-    why << " layer 1 tiles " << (c.l1_pingpong ? "128x128 ping-pong" : "128x256") << ": F = " << p.ffn
-        << (c.l1_pingpong ? " <= " : " > ") << C::kL1PingpongMaxFfn
-        << " (at most 16 k-blocks a tile: the epilogue is a large share of a tile's time there, and ping-pong "
-           "runs it under the other warpgroup's mainloop, as the plain GEMM engine does for K <= 1024).";
+    why << " layer 1 tiles " << (c.l1_pingpong ? "128x128 ping-pong" : "128x256") << ": H = " << p.hidden
+        << (c.l1_pingpong ? " >= " : " < ") << C::kL1PingpongMinHidden
+        << " (the grouped GEMM's rule by N: ping-pong measured faster on the DeepSeek-like and most Mixtral "
+           "cases, slower on Qwen3's; layer 1 of DeepSeek-like -8 to -17 % at W = 1, 2026-12-02).";
   c.why = why.str();
   return c;
 }
 
-bool auto_l1_pingpong(int64_t ffn) { return ffn <= MoeTunerConstants::kL1PingpongMaxFfn; }
+bool auto_l1_pingpong(int64_t hidden) { return hidden >= MoeTunerConstants::kL1PingpongMinHidden; }
 
 bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bool striped) {
   return world_size > 1 && !interleaved_sends && !striped && tokens <= MoeTunerConstants::kLocalFirstMaxTokens;

@@ -634,14 +634,19 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_NO_THROW(validate(g2, grouped_narrow));
   EXPECT_EQ(grouped.cluster_m, 1);
   EXPECT_NO_THROW(validate(g, grouped));
-  // Short K (Qwen3's down projection, K = 768): ping-pong on the 6-stage 128x128 ring, as for plain
-  // problems (never the 160 ring, not built for groups).
+  // Grouped ping-pong (the 6-stage 128x128 ring) goes by N, not K (measured 2026-12-02): Qwen3's
+  // down projection (N = 2048, K = 768) keeps 128x256; DeepSeek-like's (N = 7168, K = 2048) and
+  // Mixtral-like wide ones (N = 28672, K = 4096) take it; never the 160 ring (not built for groups).
   GroupedGemmDesc g4 = g;
   g4.num_groups = 64;
   g4.max_rows = 32768;
   g4.n = 2048;
   g4.k = 768;
   g4.b_layout = BLayout::kNK;
+  EXPECT_FALSE(choose_config(g4, 132).pingpong);
+  g4.num_groups = 128;
+  g4.n = 7168;
+  g4.k = 2048;
   const GemmConfig grouped_pp = choose_config(g4, 132);
   EXPECT_TRUE(grouped_pp.pingpong);
   EXPECT_TRUE(grouped_pp.tma_store);
@@ -649,7 +654,11 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   EXPECT_EQ(grouped_pp.stages, 6);
   EXPECT_EQ(grouped_pp.cluster_m, 1);
   EXPECT_NO_THROW(validate(g4, grouped_pp));
-  g4.k = 2048;  // 32 k-blocks: whole tiles
+  g4.num_groups = 4;
+  g4.n = 28672;
+  g4.k = 4096;
+  EXPECT_TRUE(choose_config(g4, 132).pingpong);
+  g4.n = 4000;  // below 4096 columns
   EXPECT_FALSE(choose_config(g4, 132).pingpong);
   // Unaligned rows of C: registers (4 stages).
   GroupedGemmDesc g3 = g;

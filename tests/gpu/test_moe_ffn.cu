@@ -96,7 +96,7 @@ struct Case {
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
-  int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by F; every presum case here has F <= 1024)
+  int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by H, ping-pong from 4096)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -460,16 +460,18 @@ std::vector<Case> cases() {
               presum};
   slices.presum_ctas = 3;
   v.push_back(slices);
-  // Layer 1 on 128x256 tiles with the pre-sum after it (l1_pingpong 0; every presum case above
-  // takes the 128x128 ping-pong tiles, F <= 1024, since 2026-12-02): whole and cut tiles, top-8,
-  // drops, few CTAs.
-  for (Case wide : {Case{"l1_wide_whole_tiles_swiglu_nk", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0,
-                         0, 0, 0, presum},
-                    Case{"l1_wide_top8_e16_drops_8sms", 512, 256, 16, 8, true, BLayout::kKN, Route::kZipf, {300, 90}, 0,
-                         0.1, 0.02, 8, presum}}) {
-    wide.l1_pingpong = 0;
-    v.push_back(wide);
+  // Layer 1 on ping-pong 128x128 tiles with the pre-sum after it (l1_pingpong 1; by default only
+  // from H = 4096, 2026-12-02): whole and cut tiles, top-8, drops, few CTAs; and the default at
+  // H = 4096.
+  for (Case pp : {Case{"l1_pingpong_whole_tiles_swiglu_nk", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024},
+                       0, 0, 0, 0, presum},
+                  Case{"l1_pingpong_top8_e16_drops_8sms", 512, 256, 16, 8, true, BLayout::kKN, Route::kZipf, {300, 90}, 0,
+                       0.1, 0.02, 8, presum}}) {
+    pp.l1_pingpong = 1;
+    v.push_back(pp);
   }
+  v.push_back({"l1_auto_pingpong_h4096", 4096, 256, 8, 2, true, BLayout::kNK, Route::kUniform, {200, 90}, 0, 0.05, 0.01, 0,
+               presum});
   // Ping-pong with few CTAs: each alternates its two consumer warpgroups over many tiles.
   Case pp_few{"l1_pingpong_zipf_uneven_5sms", 1024, 384, 8, 4, true, BLayout::kNK, Route::kZipf, {700, 130}, 0, 0.05,
               0.01, 5, presum};

@@ -134,8 +134,8 @@ struct MoeFfnConfig {
   // Layer 1's grouped GEMM with the pre-summed combine after it (presum_ctas 0) and tma_store:
   // 1 = ping-pong consumers on 128x128x64 tiles with 6 stages (the engine's staging ring: each
   // warpgroup's epilogue runs under the other's mainloop, what the plain GEMM does for K <= 1024);
-  // 0 = the cooperative 128x256x64/3 tile; -1 = moe::auto_l1_pingpong (F <= 1024, i.e. at most 16
-  // k-blocks a tile). Written 2026-12-02 (docs/moe-layers.md).
+  // 0 = the cooperative 128x256x64/3 tile; -1 = moe::auto_l1_pingpong (H >= 4096: its GEMM's N, the
+  // grouped GEMM's rule). Written and measured 2026-12-02 (docs/moe-layers.md).
   int l1_pingpong = -1;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry

@@ -39,7 +39,7 @@ struct MoeChoice {
   // sends and expert-order tiles (the rows leave in the order every receiver's tiles take them).
   bool striped_dispatch = false;
   int stripe_rows = 16;  // its rows per send warp and round (MoeTunerConstants::kStripeRows)
-  // Layer 1's GEMM on ping-pong 128x128 tiles (MoeFfnConfig::l1_pingpong; auto_l1_pingpong).
+  // Layer 1's GEMM on ping-pong 128x128 tiles (MoeFfnConfig::l1_pingpong; auto_l1_pingpong(H)).
   bool l1_pingpong = false;
   // Layer 0's remote bytes per rank, all-to-all over all-gather, for uniform routing: each of a
   // token's k slots lands on a peer with probability (W-1)/W, while the all-gather sends every
@@ -62,9 +62,9 @@ bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bo
 // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch = -1): with peers, rows (hidden * 2
 // bytes in bf16) of at least kStripedMinRowBytes (4 KB: Qwen3, Mixtral, DeepSeek-like all).
 bool auto_striped(int64_t row_bytes, int world_size);
-// Layer 1's grouped GEMM (K = F) on ping-pong 128x128x64/6 tiles: F <= kL1PingpongMaxFfn (the
-// plain engine's rule for short K, choose_config).
-bool auto_l1_pingpong(int64_t ffn);
+// Layer 1's grouped GEMM (N = H, K = F) on ping-pong 128x128x64/6 tiles: H >= kL1PingpongMinHidden
+// (the grouped GEMM's rule, choose_config: by N).
+bool auto_l1_pingpong(int64_t hidden);
 
 // Throws InvalidArgument naming the argument and the rule: world_size < 1, num_experts not
 // divisible by it, topk outside [1, num_experts], non-positive tokens/hidden/ffn, imbalance that
@@ -107,8 +107,11 @@ struct MoeTunerConstants {
   static constexpr double kPresumCtaGbps = 30;
   static constexpr int kPresumMinCtas = 4;
   static constexpr int kPresumMaxCtas = 32;
-  // Layer 1 on ping-pong tiles up to this F (16 k-blocks of 64), as the plain GEMM engine for K.
-  static constexpr int64_t kL1PingpongMaxFfn = 1024;
+  // Layer 1 on ping-pong tiles from this H (its GEMM's N), as the grouped GEMM engine: measured
+  // 2026-12-02 at W = 1 (`...moe-ffn-w1-ab-l1pp*-50f54a5`), layer 1 with / without: DeepSeek-like
+  // (H = 7168) -7.7 to -17 % on all four cases. Qwen3 (H = 2048) gained there too (0 to -8 %), but
+  // its EP = 2 GEMM (64 experts of 512 rows, the grouped bench's case) ran 1-5 % slower on it.
+  static constexpr int64_t kL1PingpongMinHidden = 4096;
 };
 
 }  // namespace ccfuse::moe

@@ -122,15 +122,19 @@ TEST(MoeTuner, WhyAndToString) {
   const MoeChoice a = choose_moe_config(problem(2, 128, 8, 16384, 1024, 768, 1.0));  // 2 KB rows: by units
   EXPECT_EQ(to_string(a),
             "dispatch=all-to-all combine=presum send_order=interleaved n_c=0 send_warps_per_cta=3 unit_rows=128 "
-            "presum_ctas=0 l0_order=expert l0_dispatch=units l1_tile=128x128-pingpong");
-  // Layer 1 on ping-pong tiles for F <= 1024 with the pre-summed combine (Qwen3's 768), not for
-  // Mixtral's 14336 or with the per-slot combine (top-1).
-  EXPECT_TRUE(a.l1_pingpong);
-  EXPECT_NE(a.why.find("layer 1 tiles 128x128 ping-pong: F = 768 <= 1024"), std::string::npos) << a.why;
-  EXPECT_FALSE(choose_moe_config(problem(2, 8, 2, 4096, 4096, 14336, 1.0)).l1_pingpong);
-  EXPECT_FALSE(choose_moe_config(problem(2, 8, 1, 4096, 1024, 512, 1.0)).l1_pingpong);
-  EXPECT_TRUE(auto_l1_pingpong(MoeTunerConstants::kL1PingpongMaxFfn));
-  EXPECT_FALSE(auto_l1_pingpong(MoeTunerConstants::kL1PingpongMaxFfn + 8));
+            "presum_ctas=0 l0_order=expert l0_dispatch=units l1_tile=128x256");
+  // Layer 1 on ping-pong tiles by H (its GEMM's N) with the pre-summed combine: DeepSeek-like's
+  // 7168 and Mixtral's 4096, not Qwen3's 2048 or this H = 1024, never with the per-slot combine (top-1).
+  EXPECT_FALSE(a.l1_pingpong);
+  EXPECT_NE(a.why.find("layer 1 tiles 128x256: H = 1024 < 4096"), std::string::npos) << a.why;
+  const MoeChoice dsv3 = choose_moe_config(problem(2, 256, 8, 4096, 7168, 2048, 1.0));
+  EXPECT_TRUE(dsv3.l1_pingpong);
+  EXPECT_NE(to_string(dsv3).find("l1_tile=128x128-pingpong"), std::string::npos) << to_string(dsv3);
+  EXPECT_TRUE(choose_moe_config(problem(2, 8, 2, 4096, 4096, 14336, 1.0)).l1_pingpong);
+  EXPECT_FALSE(choose_moe_config(problem(2, 128, 8, 4096, 2048, 768, 1.0)).l1_pingpong);
+  EXPECT_FALSE(choose_moe_config(problem(2, 8, 1, 4096, 8192, 512, 1.0)).l1_pingpong);
+  EXPECT_TRUE(auto_l1_pingpong(MoeTunerConstants::kL1PingpongMinHidden));
+  EXPECT_FALSE(auto_l1_pingpong(MoeTunerConstants::kL1PingpongMinHidden - 256));
   // Layer 1's pre-sum after the GEMM (beside it measured slower); the opt-in estimate for Qwen3 at
   // 16384 tokens: 671 MB of pre-sum against ~0.69 ms of GEMM (33 CTAs at 30 GB/s, capped at 32).
   EXPECT_NE(a.why.find("layer 1 pre-sum after the GEMM (presum_ctas 0)"), std::string::npos) << a.why;
