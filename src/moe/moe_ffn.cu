@@ -1027,7 +1027,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.combine != MoeCombine::kPresum || d.topk <= 32, "topk ", d.topk,
                    " must be at most 32 with the pre-summed combine (a warp holds a token's slots)");
   CCFUSE_ARG_CHECK(cfg.l1_pingpong >= -1 && cfg.l1_pingpong <= 1, "l1_pingpong ", cfg.l1_pingpong,
-                   " must be -1 (by F), 0 (128x256 tiles) or 1 (128x128 ping-pong)");
+                   " must be -1 (by H), 0 (128x256 tiles) or 1 (128x128 ping-pong)");
   CCFUSE_ARG_CHECK(cfg.l1_pingpong < 1 || cfg.combine == MoeCombine::kPresum,
                    "l1_pingpong 1 needs the pre-summed combine (the per-slot combine forwards 256-column tiles)");
   CCFUSE_ARG_CHECK(cfg.l1_pingpong < 1 || (cfg.presum_ctas == 0 && cfg.tma_store),

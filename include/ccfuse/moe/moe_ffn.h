@@ -150,7 +150,8 @@ class MoeFfn {
  public:
   // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
   // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; local_first and
-  // striped_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; H a positive
+  // striped_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
+  // in [-1, 1], and 1 only with the pre-sum after the GEMM and tma_store; H a positive
   // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
   // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
   MoeFfn(comm::Team& team, const MoeFfnDesc& desc, MoeFfnConfig config = {});
