@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [torch_mm] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [grouped_ncu] [torch_mm] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -738,6 +738,31 @@ if [[ " $what " == *" sanitize "* ]]; then
   done
   grep -E "^====|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tee "$OUT/sanitize_summary.log"
   summary+=("sanitize: sanitize_summary.log")
+fi
+if [[ " $what " == *" grouped_ncu "* ]]; then
+  # Why the grouped ping-pong tile wins at N >= 4096 and loses below (docs/gemm.md): ncu's full set
+  # (clocks and caches left alone) on our grouped kernel, the engine's choice and the A/B variant
+  # (CCFUSE_GROUPED_AB_PINGPONG=1: the other of 128x256/3 and 128x128/6 ping-pong) of the same
+  # interleaved rounds, for the MoE cases named in CCFUSE_GROUPED_NCU (tools/moe_grouped.py names).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  mkdir -p "$OUT/grouped_ncu"
+  # (the case's first line: uniform routing; "contains" as --only matches, so T4096 is not T40960).
+  for name in ${CCFUSE_GROUPED_NCU:-qwen3-down-T4096 dsv3-down-T4096}; do
+    args=$(python3 tools/moe_grouped.py --only "$name" | head -n 1)
+    [ -n "$args" ] || { echo "grouped_ncu: no case $name" | tee -a "$OUT/grouped_ncu/$name.txt"; status=1; continue; }
+    # Our kernels only (gemm_kernel<...>, not the prefix kernel or cuBLAS's); launches alternate
+    # default, variant after the warm-up: 2 of each.
+    CCFUSE_GROUPED_AB_PINGPONG=1 timeout 300 $NCU --set full --clock-control none --cache-control none \
+      --kernel-name-base demangled --kernel-name regex:'gemm_kernel<' --launch-skip 4 --launch-count 4 \
+      -o "$OUT/grouped_ncu/$name" $BIN/ccfuse bench --op grouped_gemm $args --dtype bf16 --iters 4 \
+      < /dev/null > "$OUT/grouped_ncu/$name.run.log" 2>&1 || status=1
+    $NCU -i "$OUT/grouped_ncu/$name.ncu-rep" --page details > "$OUT/grouped_ncu/$name.txt" 2>&1
+    $NCU -i "$OUT/grouped_ncu/$name.ncu-rep" --page raw --csv > "$OUT/grouped_ncu/$name.raw.csv" 2>&1
+    rm -f "$OUT/grouped_ncu/$name.ncu-rep"
+    grep -E "gemm_kernel|Duration|DRAM Throughput|L2 Hit Rate|L1/TEX Hit|L2 Cache Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per|Dynamic Shared" \
+      "$OUT/grouped_ncu/$name.txt" | sed -E 's/(gemm_kernel<.{0,60}).*/\1/' >> "$OUT/grouped_ncu_summary.log"
+  done
+  summary+=("grouped ncu: grouped_ncu/*.txt grouped_ncu_summary.log")
 fi
 if [[ " $what " == *" moe_ncu "* ]]; then
   # Layer 0 with rows read in place (MoeFfnConfig::gather_rows; docs/moe-layers.md) against the
