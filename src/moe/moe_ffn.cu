@@ -322,6 +322,12 @@ __device__ __forceinline__ void copy_row(const E* from_row, E* to_row, int vecs,
   }
 }
 
+// A row of `bytes` prefetched into L2 by a warp (a 128-byte line a lane, 4 KB a pass).
+__device__ __forceinline__ void prefetch_row_l2(const E* row, int64_t bytes, int lane) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = int64_t(lane) * 128; b < bytes; b += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+}
+
 // ---- layer 0 -------------------------------------------------------------------------------
 
 // The grouped schedule over the local experts; a tile's producer waits for the dispatch chunks
@@ -497,8 +503,15 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   bool striped = false;
   int* unit_done = nullptr;  // [units] zero at the call's start
   // A warp takes stripe_rows rows (i, i + G, ...) per round (MoeFfnConfig::stripe_rows, <= 32):
-  // one system fence per round, then the rows' counts in parallel (lane j: row j). The first
-  // version fenced and searched per row: 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
+  // one fence per round, then the rows' counts in parallel (lane j: row j). The first version
+  // fenced and searched per row: 1.6-2.1x layer 0's time on Qwen3's 4 KB rows (2026-11-30).
+  // Lane j looks up row j's entry, expert block, owner and router weight at the round's start (a
+  // binary search over rows_base per lane, all lanes at once) and stores its metadata, so that
+  // each row's copy waits only for its own data loads: looked up row by row (a forward search,
+  // send_list[i], then topk_w[entry] after the copy), every row paid three or four dependent
+  // memory latencies, and the copy alone ran at ~0.6 TB/s on one H200 (W = 1, 2026-12-02:
+  // l0sendonly 0.266 ms for Qwen3's 134 MB at 4096 tokens). The next row's data is prefetched
+  // into L2 while this one is copied. A round with only this rank's rows fences at device scope.
   int stripe_rows = 16;
   uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
@@ -508,43 +521,51 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int warp = tid / 32, lane = tid % 32;
     const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
-    int lo = 0;  // rotated expert of the warp's latest row: rows only go forward
+    const int64_t row_bytes = geo.hidden * int64_t(sizeof(E));
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
+      const int rows_here = int(min(int64_t(stripe_rows), (total_rows - 1 - i0) / g_warps + 1));
+      // Lane j < rows_here: row i0 + j * G of the send list.
       int my_lo = 0, my_owner = 0;
-      int64_t my_r = 0;
-      int rows_here = 0;
-      for (int j = 0; j < stripe_rows; ++j) {
-        const int64_t i = i0 + j * g_warps;
-        if (i >= total_rows) break;
-        // Forward to the largest rotated index with rows_base[lo] <= i, 32 candidates a load
-        // (rows_base[experts] = total_rows > i ends it).
-        for (;;) {
-          const int idx = lo + 1 + lane;
-          const bool past = idx <= geo.experts && rows_base[idx] <= i;
-          const unsigned m = __ballot_sync(0xffffffffu, past);
-          lo += __popc(m);
-          if (m != 0xffffffffu) break;
+      int64_t my_r = 0, my_dest = 0;
+      int32_t my_entry = 0;
+      if (lane < rows_here) {
+        const int64_t i = i0 + int64_t(lane) * g_warps;
+        my_entry = send_list[i];
+        int lo = 0, hi = geo.experts;  // largest rotated index with rows_base[lo] <= i (< experts)
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (rows_base[mid] <= i) lo = mid;
+          else hi = mid;
         }
-        const int xg = geo.rot_expert(geo.rank, lo), owner = xg / geo.epr;
-        const int64_t r = i - rows_base[lo];  // row in this rank's block of expert xg
-        const int32_t entry = send_list[i];
-        const int64_t dest = block_begin[xg] + r;
+        const int xg = geo.rot_expert(geo.rank, lo);
+        my_lo = lo;
+        my_owner = xg / geo.epr;
+        my_r = i - rows_base[lo];  // row in this rank's block of expert xg
+        my_dest = block_begin[xg] + my_r;
+        row_src[my_owner][my_dest] = make_int2(geo.rank, my_entry);
+        row_w[my_owner][my_dest] = topk_w[my_entry];
+      }
+      const bool any_remote = __any_sync(0xffffffffu, lane < rows_here && my_owner != geo.rank);
+      // Row j's data into L2, one row ahead of its copy.
+      const auto prefetch_row = [&](int j) {
+        const int32_t entry = __shfl_sync(0xffffffffu, my_entry, j);
+        prefetch_row_l2(x + int64_t(entry / geo.topk) * geo.hidden, row_bytes, lane);
+      };
+      if (rows_here > 0) prefetch_row(0);
+      for (int j = 0; j < rows_here; ++j) {
+        const int32_t entry = __shfl_sync(0xffffffffu, my_entry, j);
+        const int owner = __shfl_sync(0xffffffffu, my_owner, j);
+        const int64_t dest = __shfl_sync(0xffffffffu, my_dest, j);
+        if (j + 1 < rows_here) prefetch_row(j + 1);
         if (!diag_no_local || owner != geo.rank)
           copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
-        if (lane == 0) {
-          row_src[owner][dest] = make_int2(geo.rank, entry);
-          row_w[owner][dest] = topk_w[entry];
-        }
-        if (lane == j) {
-          my_lo = lo;
-          my_owner = owner;
-          my_r = r;
-        }
-        ++rows_here;
       }
       __syncwarp();  // every lane's stores before lane 0's fence
-      if (lane == 0) __threadfence_system();  // the round's rows (on the peers) before their counts
+      if (lane == 0) {
+        if (any_remote) __threadfence_system();  // the round's rows (on the peers) before their counts
+        else __threadfence();                    // only this GPU reads them
+      }
       __syncwarp();
       if (lane < rows_here) {
         const int64_t c = my_r / kChunkRows;
@@ -590,21 +611,27 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       const int64_t dest0 = block_begin[xg] + r0;
       E* const to = recv[owner] + dest0 * geo.hidden;  // the unit's rows are contiguous there
       // A warp per row (copy_row); the unit's entries are loaded once (lane l holds rows l, l + 32,
-      // ...) and broadcast by shuffles.
+      // ...) and broadcast by shuffles. The rows' metadata first, every send thread a row at once,
+      // so that a row's copy waits only for its data (lane 0 storing topk_w[entry] after each copy
+      // held the warp's next row for that load's latency); the next row's data is prefetched into
+      // L2 while this one is copied (striped_sends: the same, measured 2026-12-02).
       const int warp = tid / 32, lane = tid % 32, warps = num_threads / 32;
+      for (int r = tid; r < rows; r += num_threads) {
+        const int32_t entry = entries[r];
+        row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
+        row_w[owner][dest0 + r] = topk_w[entry];
+      }
       int32_t mine[kChunkRows / 32];
 #pragma unroll
       for (int q = 0; q < kChunkRows / 32; ++q) mine[q] = lane + 32 * q < rows ? entries[lane + 32 * q] : 0;
       const int vecs = int(row_bytes / 16);
+      const auto entry_of = [&](int r) { return __shfl_sync(0xffffffffu, select4(mine, r / 32), r % 32); };
+      if (warp < rows) prefetch_row_l2(x + int64_t(entry_of(warp) / geo.topk) * geo.hidden, row_bytes, lane);
       for (int r = warp; r < rows; r += warps) {
-        const int32_t held = select4(mine, r / 32);
-        const int32_t entry = __shfl_sync(0xffffffffu, held, r % 32);
+        const int32_t entry = entry_of(r);
+        if (r + warps < rows) prefetch_row_l2(x + int64_t(entry_of(r + warps) / geo.topk) * geo.hidden, row_bytes, lane);
         if (!diag_no_local || owner != geo.rank)
           copy_row(x + int64_t(entry / geo.topk) * geo.hidden, to + int64_t(r) * geo.hidden, vecs, lane);
-        if (lane == 0) {
-          row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
-          row_w[owner][dest0 + r] = topk_w[entry];
-        }
       }
       asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
       if (tid == 0) comm::notify(sig, owner, geo.chunk_flag(geo.rank, int(u)), e);
