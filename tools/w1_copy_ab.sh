@@ -42,8 +42,8 @@ if [ "${W1AB_NCU:-0}" = 1 ]; then
   done
 fi
 for n in "${runs[@]}"; do
-  [ -f $R/$n/ccfuse-results.tgz ] || continue
-  mkdir -p $R/all/$n && tar xzf $R/$n/ccfuse-results.tgz -C $R/all/$n
+  mkdir -p $R/all/$n
+  [ -f $R/$n/ccfuse-results.tgz ] && tar xzf $R/$n/ccfuse-results.tgz -C $R/all/$n
 done
 for n in "${runs[@]}"; do [ -d $R/$n ] && cp -r $R/$n/*.txt $R/all/$n/ 2>/dev/null; cp $R/$n.out $R/all/ 2>/dev/null; done
 # The short tables last, per run.
