@@ -1,7 +1,9 @@
 # One-GPU A/B of the MoE dispatch copy (2026-12-02): old binaries in .carry/bin-old, new in .carry/bin.
 # Every run writes into its own folder under $OUT; at the end all of them go into one
 # $OUT/ab-all.tgz (the device tool brings back a limited number of files).
-# W1AB_TESTS=1: the GpuMoeFfn tests at W = 1 first. W1AB_NCU=1: ncu of layer 0's send-only kernel.
+# W1AB_TESTS=1: the GpuMoeFfn tests at W = 1 first; W1AB_DIAG=0: no Qwen3 diagnostics;
+# W1AB_VARIANTS, W1AB_ARGS: moe_ab's variants and bench arguments for both binaries. (An ncu of the
+# send-only kernel run from here failed: ncclDevCommCreate needs gpu_run.sh's NCCL library path; use gpu_run.sh moe_ncu.)
 set -u
 R=$OUT
 runs=()
@@ -15,32 +17,20 @@ run() {  # run NAME BIN-DIR ENV... -- gpu_run.sh sections
 if [ "${W1AB_TESTS:-0}" = 1 ]; then
   run tests .carry/bin CCFUSE_TEST_FILTER='*GpuMoeFfn*' CCFUSE_TEST_TIMEOUT=300 -- tests_only
 fi
-ab="--tokens 4096 16384 --routing uniform"
+ab=${W1AB_ARGS:-"--tokens 4096 16384 --routing uniform"}
 diag=(CCFUSE_MOE_DIAG_TOKENS="4096 16384" CCFUSE_MOE_DIAG_MODELS=qwen3 CCFUSE_MOE_DIAGS="none l0sendonly")
-for pass in 1 2; do
+for pass in $([ "${W1AB_DIAG:-1}" = 1 ] && echo 1 2); do
   for b in old new; do
     d=.carry/bin; [ $b = old ] && d=.carry/bin-old
     run diagstriped-$b-$pass $d CCFUSE_MOE_STRIPED=1 "${diag[@]}" -- moe_diag
   done
 done
-for b in old new; do
-  d=.carry/bin; [ $b = old ] && d=.carry/bin-old
-  run ab-$b $d CCFUSE_MOE_AB_VARIANTS="default striped" CCFUSE_MOE_AB_ARGS="$ab" -- moe_ab
-done
-if [ "${W1AB_NCU:-0}" = 1 ]; then
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
-  gunzip -f .carry/bin/*.gz 2>/dev/null; chmod +x .carry/bin/* 2>/dev/null
-  for st in 0 1; do
-    mkdir -p $R/ncu-sendonly-striped$st
-    CCFUSE_MOE_STRIPED=$st CCFUSE_MOE_DIAG=l0sendonly timeout 120 $NCU --clock-control none \
-      --kernel-name-base demangled --kernel-name regex:L0Schedule --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-      --section WarpStateStats --section SchedulerStats --section LaunchStats \
-      .carry/bin/ccfuse_moe_ffn_bench --model qwen3 --tokens 4096 --routing uniform --iters 1 --warmup 1 --sample 4 \
-      < /dev/null > $R/ncu-sendonly-striped$st/ncu.txt 2>&1
-    runs+=(ncu-sendonly-striped$st)
+for pass in $(seq ${W1AB_AB_PASSES:-1}); do  # W1AB_AB_PASSES: old, new, old, new ... against drift
+  for b in old new; do
+    d=.carry/bin; [ $b = old ] && d=.carry/bin-old
+    run ab-$b-$pass $d CCFUSE_MOE_AB_VARIANTS="${W1AB_VARIANTS:-default striped}" CCFUSE_MOE_AB_ARGS="$ab" -- moe_ab
   done
-fi
+done
 for n in "${runs[@]}"; do
   mkdir -p $R/all/$n
   [ -f $R/$n/ccfuse-results.tgz ] && tar xzf $R/$n/ccfuse-results.tgz -C $R/all/$n
@@ -52,7 +42,6 @@ for n in "${runs[@]}"; do
     [ -f "$f" ] && { echo "== $n/$(basename $f)"; grep -v '^model' "$f"; }
   done
   [ -f $R/all/$n/gpu_tests_only.log ] && { echo "== $n"; grep -E '^\[  (PASSED|FAILED) ' $R/all/$n/gpu_tests_only.log; }
-  [ -f $R/all/$n/ncu.txt ] && { echo "== $n"; grep -E "Duration|DRAM Throughput|L2 Hit Rate|L1/TEX Hit|Memory Throughput|Warp Cycles Per Issued|Stall|stalled" $R/all/$n/ncu.txt | head -12; }
 done
 tar czf $R/ab-all.tgz -C $R/all .
 for n in "${runs[@]}"; do rm -rf $R/$n $R/$n.out; done

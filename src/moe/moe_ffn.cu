@@ -509,9 +509,10 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // binary search over rows_base per lane, all lanes at once) and stores its metadata, so that
   // each row's copy waits only for its own data loads: looked up row by row (a forward search,
   // send_list[i], then topk_w[entry] after the copy), every row paid three or four dependent
-  // memory latencies, and the copy alone ran at ~0.6 TB/s on one H200 (W = 1, 2026-12-02:
-  // l0sendonly 0.266 ms for Qwen3's 134 MB at 4096 tokens). The next row's data is prefetched
-  // into L2 while this one is copied. A round with only this rank's rows fences at device scope.
+  // memory latencies. The next row's data is prefetched into L2 while this one is copied, and a
+  // round of only this rank's rows fences at device scope. Measured against the row-by-row form
+  // at W = 1 (one H200, 2026-12-02, Qwen3, striped): the dispatch alone 0.269 -> 0.205 ms at 4096
+  // tokens, 1.067 -> 0.696 at 16384; layer 0 -3.4 to -5 %; DeepSeek-like and Mixtral level.
   int stripe_rows = 16;
   uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
@@ -611,27 +612,23 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       const int64_t dest0 = block_begin[xg] + r0;
       E* const to = recv[owner] + dest0 * geo.hidden;  // the unit's rows are contiguous there
       // A warp per row (copy_row); the unit's entries are loaded once (lane l holds rows l, l + 32,
-      // ...) and broadcast by shuffles. The rows' metadata first, every send thread a row at once,
-      // so that a row's copy waits only for its data (lane 0 storing topk_w[entry] after each copy
-      // held the warp's next row for that load's latency); the next row's data is prefetched into
-      // L2 while this one is copied (striped_sends: the same, measured 2026-12-02).
+      // ...) and broadcast by shuffles. (The rows' metadata stored first by all send threads and the
+      // next row prefetched into L2, as striped_sends does, measured 2026-12-02 at W = 1: no faster
+      // here, +2 % on layer 0 of DeepSeek-like and Mixtral; not kept.)
       const int warp = tid / 32, lane = tid % 32, warps = num_threads / 32;
-      for (int r = tid; r < rows; r += num_threads) {
-        const int32_t entry = entries[r];
-        row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
-        row_w[owner][dest0 + r] = topk_w[entry];
-      }
       int32_t mine[kChunkRows / 32];
 #pragma unroll
       for (int q = 0; q < kChunkRows / 32; ++q) mine[q] = lane + 32 * q < rows ? entries[lane + 32 * q] : 0;
       const int vecs = int(row_bytes / 16);
-      const auto entry_of = [&](int r) { return __shfl_sync(0xffffffffu, select4(mine, r / 32), r % 32); };
-      if (warp < rows) prefetch_row_l2(x + int64_t(entry_of(warp) / geo.topk) * geo.hidden, row_bytes, lane);
       for (int r = warp; r < rows; r += warps) {
-        const int32_t entry = entry_of(r);
-        if (r + warps < rows) prefetch_row_l2(x + int64_t(entry_of(r + warps) / geo.topk) * geo.hidden, row_bytes, lane);
+        const int32_t held = select4(mine, r / 32);
+        const int32_t entry = __shfl_sync(0xffffffffu, held, r % 32);
         if (!diag_no_local || owner != geo.rank)
           copy_row(x + int64_t(entry / geo.topk) * geo.hidden, to + int64_t(r) * geo.hidden, vecs, lane);
+        if (lane == 0) {
+          row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
+          row_w[owner][dest0 + r] = topk_w[entry];
+        }
       }
       asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
       if (tid == 0) comm::notify(sig, owner, geo.chunk_flag(geo.rank, int(u)), e);

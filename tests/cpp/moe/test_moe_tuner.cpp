@@ -97,7 +97,8 @@ TEST(MoeTuner, EdgesOfTheStripedRule) {
   using C = MoeTunerConstants;
   EXPECT_TRUE(auto_striped(C::kStripedMinRowBytes, 2));
   EXPECT_FALSE(auto_striped(C::kStripedMinRowBytes - 2, 2));
-  EXPECT_FALSE(auto_striped(1 << 20, 1));  // one rank: nothing to send
+  EXPECT_TRUE(auto_striped(C::kStripedMinRowBytes, 1));  // one rank: its local copy, striped too
+  EXPECT_FALSE(auto_striped(C::kStripedMinRowBytes - 2, 1));
   const MoeChoice deepseek = choose_moe_config(problem(2, 256, 8, 4096, 7168, 2048, 1.0));
   EXPECT_TRUE(deepseek.striped_dispatch);
   EXPECT_EQ(deepseek.send_order, "interleaved");  // below kInterleaveMinTokens: for the striping
