@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [grouped_ncu] [torch_mm] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [moe_ncu_send] [grouped_ncu] [torch_mm] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -763,6 +763,28 @@ if [[ " $what " == *" grouped_ncu "* ]]; then
       "$OUT/grouped_ncu/$name.txt" | sed -E 's/(gemm_kernel<.{0,60}).*/\1/' >> "$OUT/grouped_ncu_summary.log"
   done
   summary+=("grouped ncu: grouped_ncu/*.txt grouped_ncu_summary.log")
+fi
+if [[ " $what " == *" moe_ncu_send "* ]]; then
+  # Why layer 0's dispatch copy runs at 0.6-0.85 TB/s (docs/perf-notes.md, 2026-12-02): ncu's full
+  # set and the per-SASS page on layer 0's kernel with no tiles (CCFUSE_MOE_DIAG=l0sendonly: the
+  # send warps alone), Qwen3 at 4096 tokens, one GPU (W = 1: every row a local copy), striped
+  # (the default) and by units (CCFUSE_MOE_STRIPED=0).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  mkdir -p "$OUT/moe_ncu_send"
+  for st in 1 0; do
+    tag=qwen3-T4096-sendonly-striped$st
+    CUDA_VISIBLE_DEVICES=0 CCFUSE_MOE_STRIPED=$st CCFUSE_MOE_DIAG=l0sendonly timeout 200 $NCU --set full \
+      --clock-control none --kernel-name-base demangled --kernel-name regex:L0Schedule --launch-skip 1 --launch-count 1 \
+      -o "$OUT/moe_ncu_send/$tag" $BIN/ccfuse_moe_ffn_bench --model qwen3 --tokens 4096 --routing uniform --iters 1 \
+      --warmup 1 --sample 4 < /dev/null > "$OUT/moe_ncu_send/$tag.run.log" 2>&1 || status=1
+    $NCU -i "$OUT/moe_ncu_send/$tag.ncu-rep" --page details > "$OUT/moe_ncu_send/$tag.txt" 2>&1
+    $NCU -i "$OUT/moe_ncu_send/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/moe_ncu_send/$tag.sass.csv" 2>&1
+    gzip -f "$OUT/moe_ncu_send/$tag.sass.csv"
+    rm -f "$OUT/moe_ncu_send/$tag.ncu-rep"
+    grep -E "Duration|DRAM Throughput|L2 Hit Rate|L1/TEX Hit|Memory Throughput|Warp Cycles Per Issued|Achieved Active Warps|Stall|stall" \
+      "$OUT/moe_ncu_send/$tag.txt" | head -30 | sed "s/^/$tag: /" >> "$OUT/moe_ncu_send_summary.log"
+  done
+  summary+=("moe ncu send: moe_ncu_send/*.txt moe_ncu_send_summary.log")
 fi
 if [[ " $what " == *" moe_ncu "* ]]; then
   # Layer 0 with rows read in place (MoeFfnConfig::gather_rows; docs/moe-layers.md) against the
