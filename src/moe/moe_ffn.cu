@@ -307,31 +307,21 @@ __global__ void ag_rows_kernel(Geometry g, const int32_t* ids, const float* weig
 
 // One row of `vecs` 16-byte pieces copied by a warp, eight loads in flight per lane before their
 // stores. (Row by row with the whole group, or flat with 4 loads in flight, the dispatch copy was
-// latency-bound: ~3-4 GB/s per SM.) Whole batches of 256 pieces (a 4 KB row: one) go unpredicated
-// from one base address, so that the 16 accesses are 16 instructions with immediate offsets; the
-// rest (DeepSeek-like's 14 KB rows: half a batch) in one predicated batch. (Predicated throughout,
-// every access computed its own 64-bit address: ncu, 2026-12-02, ~240 instructions a 4 KB row in the
-// send warps, most of them address arithmetic, spills and divisions, against 16 that move data.)
+// latency-bound: ~3-4 GB/s per SM.) Whole 4 KB batches unpredicated from one base address, with
+// the striped round dividing each lane's entry once, cut the send warps' instructions a 4 KB row
+// from 238 to 165 (ncu) and made the dispatch alone 8-10 % slower (one H200, 2026-12-02): the
+// copy waits on its loads' latency with 4 KB a warp in flight, not on issue. Not kept.
 __device__ __forceinline__ void copy_row(const E* from_row, E* to_row, int vecs, int lane) {
-  const int4* from = reinterpret_cast<const int4*>(from_row) + lane;
-  int4* dst = reinterpret_cast<int4*>(to_row) + lane;
-  const int full = vecs & ~255;
-  for (int c0 = 0; c0 < full; c0 += 256) {
-    int4 v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = from[c0 + 32 * u];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) dst[c0 + 32 * u] = v[u];
-  }
-  if (full < vecs) {
-    const int left = vecs - full - lane;  // pieces of the last batch at or after this lane's first
+  const int4* from = reinterpret_cast<const int4*>(from_row);
+  int4* dst = reinterpret_cast<int4*>(to_row);
+  for (int c0 = lane; c0 < vecs; c0 += 8 * 32) {
     int4 v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u)
-      if (32 * u < left) v[u] = from[full + 32 * u];
+      if (c0 + 32 * u < vecs) v[u] = from[c0 + 32 * u];
 #pragma unroll
     for (int u = 0; u < 8; ++u)
-      if (32 * u < left) dst[full + 32 * u] = v[u];
+      if (c0 + 32 * u < vecs) dst[c0 + 32 * u] = v[u];
   }
 }
 
@@ -542,11 +532,10 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       // Lane j < rows_here: row i0 + j * G of the send list.
       int my_lo = 0, my_owner = 0;
       int64_t my_r = 0, my_dest = 0;
-      int32_t my_entry = 0, my_token = 0;
+      int32_t my_entry = 0;
       if (lane < rows_here) {
         const int64_t i = i0 + int64_t(lane) * g_warps;
         my_entry = send_list[i];
-        my_token = my_entry / geo.topk;
         int lo = 0, hi = geo.experts;  // largest rotated index with rows_base[lo] <= i (< experts)
         while (hi - lo > 1) {
           const int mid = (lo + hi) / 2;
@@ -563,18 +552,18 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       }
       const bool any_remote = __any_sync(0xffffffffu, lane < rows_here && my_owner != geo.rank);
       // Row j's data into L2, one row ahead of its copy.
-      const auto row_at = [&](int j) { return x + int64_t(__shfl_sync(0xffffffffu, my_token, j)) * geo.hidden; };
-      const E* next = rows_here > 0 ? row_at(0) : nullptr;
-      if (rows_here > 0) prefetch_row_l2(next, row_bytes, lane);
+      const auto prefetch_row = [&](int j) {
+        const int32_t entry = __shfl_sync(0xffffffffu, my_entry, j);
+        prefetch_row_l2(x + int64_t(entry / geo.topk) * geo.hidden, row_bytes, lane);
+      };
+      if (rows_here > 0) prefetch_row(0);
       for (int j = 0; j < rows_here; ++j) {
-        const E* from = next;
+        const int32_t entry = __shfl_sync(0xffffffffu, my_entry, j);
         const int owner = __shfl_sync(0xffffffffu, my_owner, j);
         const int64_t dest = __shfl_sync(0xffffffffu, my_dest, j);
-        if (j + 1 < rows_here) {
-          next = row_at(j + 1);
-          prefetch_row_l2(next, row_bytes, lane);
-        }
-        if (!diag_no_local || owner != geo.rank) copy_row(from, recv[owner] + dest * geo.hidden, vecs, lane);
+        if (j + 1 < rows_here) prefetch_row(j + 1);
+        if (!diag_no_local || owner != geo.rank)
+          copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
       }
       __syncwarp();  // every lane's stores before lane 0's fence
       if (lane == 0) {
