@@ -80,7 +80,7 @@ MoeChoice choose_moe_config(const MoeProblem& p) {
       << " rows a warp; by units, a round "
          "of 128-row units finishes together; measured 2026-11-30";
   if (p.world_size == 1)
-    why << "; at W = 1 the same rule for the local copy: layer 0 striped 0.55x-0.97x its time by units, "
+    why << "; at W = 1 the same rule for the local copy: layer 0 striped 0.80x-0.98x its time by units, "
            "2026-12-02";
   why << "). ";
   if (p.world_size == 1)

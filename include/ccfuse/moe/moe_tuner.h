@@ -62,8 +62,8 @@ bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bo
 // Layer 0's striped dispatch (MoeFfnConfig::striped_dispatch = -1): rows (hidden * 2 bytes in
 // bf16) of at least kStripedMinRowBytes (4 KB: Qwen3, Mixtral, DeepSeek-like all), at any W: at
 // W = 1 (every row a local copy) striped measured faster than by units on Qwen3 and DeepSeek-like
-// (layer 0 -3 to -18 %) and level on Mixtral (one H200, 2026-12-02). world_size is kept for rules
-// that depend on it.
+// (layer 0 0.80-0.98x the time) and level on Mixtral (one H200, 2026-12-02). world_size is kept
+// for rules that depend on it.
 bool auto_striped(int64_t row_bytes, int world_size);
 // Layer 1's grouped GEMM (N = H, K = F) on ping-pong 128x128x64/6 tiles: H >= kL1PingpongMinHidden
 // (the grouped GEMM's rule, choose_config: by N).
