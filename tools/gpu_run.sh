@@ -157,6 +157,7 @@ if [[ " $what " == *" grouped "* ]]; then
   # kn, fp16, one large case past the full-check bound), then the DESIGN §5 MoE shapes at EP=2 as
   # one GPU sees them (tools/moe_grouped.py: 37 cases, up/gate and down, uniform and zipf, plus
   # empty_some) against cuBLAS's grouped GEMM, then torch._grouped_mm on the same cases, merged.
+  # CCFUSE_GROUPED_ONLY filters the cases by name; CCFUSE_GROUPED_TORCH=0 leaves torch out.
   : > "$OUT/grouped_check.log"; : > "$OUT/grouped.log"; : > "$OUT/grouped.jsonl"; : > "$OUT/grouped_torch.jsonl"
   for spec in "8 300 2 520 776 uniform nk bf16" "8 300 2 520 776 zipf kn bf16" "8 300 2 520 776 empty_some nk bf16" \
               "4 257 3 384 64 one_hot kn bf16" "16 500 4 1536 2048 zipf nk fp16" "4 8192 2 28672 4096 zipf nk bf16"; do
@@ -173,6 +174,9 @@ if [[ " $what " == *" grouped "* ]]; then
     rc=$?; [ $rc = 0 ] || { status=1; echo "grouped bench $args: rc=$rc" | tee -a "$OUT/grouped.log"; }
   done < <(python3 tools/moe_grouped.py --only "${CCFUSE_GROUPED_ONLY:-}")
   echo "grouped section: $((SECONDS - t0)) s of ccfuse benches" | tee -a "$OUT/grouped.log"
+  if [ "${CCFUSE_GROUPED_TORCH:-1}" = 0 ]; then  # ccfuse alone (an A/B of two builds: tools/w1_copy_ab.sh)
+    summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse records (no torch: CCFUSE_GROUPED_TORCH=0)")
+  else
   t0=$SECONDS
   # With the C ABI present, ccfuse runs again in torch's process, interleaved with torch (same clocks).
   grouped_lib=(); [ -f "$BIN/libccfuse_c.so" ] && grouped_lib=(--ccfuse-lib "$BIN/libccfuse_c.so")
@@ -191,6 +195,7 @@ if [[ " $what " == *" grouped "* ]]; then
     --table > "$OUT/grouped_summary.log" 2>&1 || status=1
   summary+=("grouped bench: $(wc -l < "$OUT/grouped.jsonl") ccfuse + $(wc -l < "$OUT/grouped_torch.jsonl") torch records; $(grep -m1 '^geomean' "$OUT/grouped_summary.log")")
   grep -q '^same-clock' "$OUT/grouped_summary.log" && summary+=("grouped: $(grep -m1 '^same-clock' "$OUT/grouped_summary.log")")
+  fi
 fi
 if [[ " $what " == *" torch_mm "* ]]; then
   # ccfuse.torch_ops.mm (the C ABI's ccfuse_gemm, workspace from torch's allocator) on one GPU
@@ -884,6 +889,6 @@ pack() {
 echo "================ summary ================"
 for s in "${summary[@]}"; do echo "$s"; done
 [ -f "$OUT/comm_microbench.log" ] && tail -n 40 "$OUT/comm_microbench.log"
-[[ " $what " == *" grouped "* ]] && cat "$OUT/grouped_summary.log"
+[[ " $what " == *" grouped "* ]] && [ -f "$OUT/grouped_summary.log" ] && cat "$OUT/grouped_summary.log"
 pack
 exit $status

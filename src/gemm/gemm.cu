@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/warp_scan.cuh"
 #include "ccfuse/gemm/gemm.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 
@@ -13,11 +14,13 @@ namespace ccfuse::gemm {
 
 namespace {
 
-// One thread: the GroupedSchedule's prefix arrays (sm90::grouped_prefix).
+// One warp: the GroupedSchedule's prefix arrays (sm90::grouped_prefix_warp; one thread walking
+// the groups paid an L2 round trip per group before the GEMM could start).
 __global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int n_tiles, int block_m,
                                       int64_t max_rows, int* tile_prefix, int64_t* row_prefix, int* overflow) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  sm90::grouped_prefix(group_rows, num_groups, n_tiles, block_m, max_rows, tile_prefix, row_prefix, overflow);
+  if (threadIdx.x >= 32 || blockIdx.x != 0) return;
+  sm90::grouped_prefix_warp([&](int g) { return group_rows[g]; }, num_groups, n_tiles, block_m, max_rows, tile_prefix,
+                            row_prefix, overflow, int(threadIdx.x));
 }
 
 

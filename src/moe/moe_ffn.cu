@@ -10,6 +10,7 @@
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/common/pace.cuh"
+#include "ccfuse/common/warp_scan.cuh"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "ccfuse/moe/dispatch_gpu.h"
 #include "ccfuse/moe/dispatch_plan.h"
@@ -22,6 +23,15 @@ namespace {
 constexpr int kBlockM = 128, kBlockN = 256;
 constexpr int kChunkRows = 128;  // rows of a (source, expert) block per dispatch flag
 using E = cutlass::bfloat16_t;
+
+// CCFUSE_MOE_SEND_PREFETCH: rows the striped dispatch prefetches into L2 ahead of its copy (an
+// experiment knob, like CCFUSE_MOE_DIAG; 1 unless set to 0-16).
+int send_prefetch_rows() {
+  const char* v = std::getenv("CCFUSE_MOE_SEND_PREFETCH");
+  if (v == nullptr || *v == '\0') return 1;
+  const int n = std::atoi(v);
+  return n < 0 ? 0 : n > 16 ? 16 : n;
+}
 
 // Where things live (per rank, all device memory; "sym" = symmetric, peers write it).
 //   counts   sym [W][E] int32       every source's entries per global expert
@@ -149,27 +159,31 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     }
     plan.rows_base[g.experts] = rows;
   }
-  __syncthreads();  // group_rows written
-  if (threadIdx.x == 0)
-    gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles0, kBlockM, max_rows, plan.tile_prefix0, plan.row_prefix,
-                               nullptr);
-  else if (threadIdx.x == 64)
-    gemm::sm90::grouped_prefix(plan.group_rows, g.epr, n_tiles1, kBlockM, max_rows, plan.tile_prefix1, nullptr,
-                               nullptr);
+  // Both layers' schedule prefixes from the local experts' rows in shared memory, a warp each,
+  // beside the threads above (one thread each, reading group_rows back from device memory, paid
+  // an L2 round trip per expert: docs/perf-notes.md, 2026-12-06). The kernel runs 256 threads.
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int32_t* local_rows = erows + g.rank * g.epr;
+  if (warp == 4)
+    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles0, kBlockM, max_rows,
+                                    plan.tile_prefix0, plan.row_prefix, nullptr, lane);
+  else if (warp == 5)
+    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles1, kBlockM, max_rows,
+                                    plan.tile_prefix1, nullptr, nullptr, lane);
   __syncthreads();  // row_prefix written
-  if (threadIdx.x == 0) {
+  if (warp == 4) {
     // Layer 0's first tiles (MoeFfnConfig::local_first, L0Schedule::local_prefix): a local
     // expert's rows start with this rank's own (block_begin: the owner's block first), so its
     // first floor(own / 128) row tiles hold only rows copied on this GPU (within the rows kept
     // under max_rows).
-    int tiles = 0;
-    for (int x = 0; x < g.epr; ++x) {
-      plan.local_prefix0[x] = tiles;
-      const int64_t kept = plan.row_prefix[x + 1] - plan.row_prefix[x];
-      const int64_t own = min(int64_t(cnt[g.rank * g.experts + g.rank * g.epr + x]), kept);
-      tiles += int(own / kBlockM) * n_tiles0;
-    }
-    plan.local_prefix0[g.epr] = tiles;
+    warp_exclusive_scan<int>(
+        g.epr,
+        [&](int x) {
+          const int64_t kept = plan.row_prefix[x + 1] - plan.row_prefix[x];
+          const int64_t own = min(int64_t(cnt[g.rank * g.experts + g.rank * g.epr + x]), kept);
+          return int(own / kBlockM) * n_tiles0;
+        },
+        [&](int x, int tiles) { plan.local_prefix0[x] = tiles; }, lane);
   }
 }
 
@@ -249,20 +263,13 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
     for (int64_t i = threadIdx.x; i < units && unit_done != nullptr; i += blockDim.x) unit_done[i] = 0;
   }
   __syncthreads();
-  if (threadIdx.x < 32) {  // exclusive scan of the totals in rotated order, 32 at a time
-    int32_t carry = 0;
-    for (int i0 = 0; i0 < g.experts; i0 += 32) {
-      const int i = i0 + int(threadIdx.x);
-      const int32_t v = i < g.experts ? total[g.rot_expert(g.rank, i)] : 0;
-      int32_t incl = v;
-      for (int d = 1; d < 32; d *= 2) {
-        const int32_t up = __shfl_up_sync(0xffffffffu, incl, d);
-        if (int(threadIdx.x) >= d) incl += up;
-      }
-      if (i < g.experts) rows_base[i] = carry + incl - v;
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-    }
-  }
+  if (threadIdx.x < 32)  // exclusive scan of the totals in rotated order (rows_base[E] unused here)
+    warp_exclusive_scan<int32_t>(
+        g.experts, [&](int i) { return total[g.rot_expert(g.rank, i)]; },
+        [&](int i, int32_t v) {
+          if (i < g.experts) rows_base[i] = v;
+        },
+        int(threadIdx.x));
   __syncthreads();
   if (send_list == nullptr) return;
   const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
@@ -307,10 +314,25 @@ __global__ void ag_rows_kernel(Geometry g, const int32_t* ids, const float* weig
 
 // One row of `vecs` 16-byte pieces copied by a warp, eight loads in flight per lane before their
 // stores. (Row by row with the whole group, or flat with 4 loads in flight, the dispatch copy was
-// latency-bound: ~3-4 GB/s per SM.) Whole 4 KB batches unpredicated from one base address, with
-// the striped round dividing each lane's entry once, cut the send warps' instructions a 4 KB row
-// from 238 to 165 (ncu) and made the dispatch alone 8-10 % slower (one H200, 2026-12-02): the
-// copy waits on its loads' latency with 4 KB a warp in flight, not on issue. Not kept.
+// latency-bound: ~3-4 GB/s per SM.) The loads do not allocate in L1: the send warps' spilled
+// registers live there (an L1 of ~20 KB beside the GEMM's shared memory), and streamed rows
+// evicted them (ncu of 28606ef, 2026-12-02: L1 hit rate 18 %; instructions waiting on spill
+// reloads held ~20 % of the send warps' stall samples). Whole 4 KB batches unpredicated from one
+// base address, with the striped round dividing each lane's entry once, cut the send warps'
+// instructions a 4 KB row from 238 to 165 (ncu) and made the dispatch alone 8-10 % slower (one
+// H200, 2026-12-02; its long-scoreboard stall samples rose 11.2k -> 14.7k): not kept.
+__device__ __forceinline__ int4 load_no_l1(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+// (A row's destination reaches striped_sends' copy through a shuffle, so the compiler no longer
+// knows it is global memory: the store says so.)
+__device__ __forceinline__ void store_global(int4* p, const int4& v) {
+  asm volatile("st.global.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
 __device__ __forceinline__ void copy_row(const E* from_row, E* to_row, int vecs, int lane) {
   const int4* from = reinterpret_cast<const int4*>(from_row);
   int4* dst = reinterpret_cast<int4*>(to_row);
@@ -318,17 +340,18 @@ __device__ __forceinline__ void copy_row(const E* from_row, E* to_row, int vecs,
     int4 v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u)
-      if (c0 + 32 * u < vecs) v[u] = from[c0 + 32 * u];
+      if (c0 + 32 * u < vecs) v[u] = load_no_l1(from + c0 + 32 * u);
 #pragma unroll
     for (int u = 0; u < 8; ++u)
-      if (c0 + 32 * u < vecs) dst[c0 + 32 * u] = v[u];
+      if (c0 + 32 * u < vecs) store_global(dst + c0 + 32 * u, v[u]);
   }
 }
 
 // A row of `bytes` prefetched into L2 by a warp (a 128-byte line a lane, 4 KB a pass).
-__device__ __forceinline__ void prefetch_row_l2(const E* row, int64_t bytes, int lane) {
+__device__ __forceinline__ void prefetch_row_l2(const E* row, int bytes, int lane) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = int64_t(lane) * 128; b < bytes; b += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+#pragma unroll 1
+  for (int b = lane * 128; b < bytes; b += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
 }
 
 // ---- layer 0 -------------------------------------------------------------------------------
@@ -517,6 +540,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // at W = 1 (one H200, 2026-12-02, Qwen3, striped): the dispatch alone 0.269 -> 0.205 ms at 4096
   // tokens, 1.067 -> 0.696 at 16384; layer 0 -3.4 to -5 %; DeepSeek-like and Mixtral level.
   int stripe_rows = 16;
+  // Rows prefetched into L2 ahead of the one copied: 1, or CCFUSE_MOE_SEND_PREFETCH (0-16), an
+  // experiment knob like CCFUSE_MOE_DIAG.
+  int prefetch_rows = 1;
   uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
@@ -525,17 +551,19 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int warp = tid / 32, lane = tid % 32;
     const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
-    const int64_t row_bytes = geo.hidden * int64_t(sizeof(E));
+    const int row_bytes = int(geo.hidden * int64_t(sizeof(E)));
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
       const int rows_here = int(min(int64_t(stripe_rows), (total_rows - 1 - i0) / g_warps + 1));
-      // Lane j < rows_here: row i0 + j * G of the send list.
-      int my_lo = 0, my_owner = 0;
-      int64_t my_r = 0, my_dest = 0;
-      int32_t my_entry = 0;
+      // Lane j < rows_here: row i0 + j * G of the send list, with its source row and destination
+      // row as pointers (a row's copy then needs only shuffles: no division by top-k, no peer
+      // table lookup, fewer live registers in the copy loop).
+      int my_lo = 0, my_owner = 0, my_r = 0;
+      const E* my_from = nullptr;
+      E* my_to = nullptr;
       if (lane < rows_here) {
         const int64_t i = i0 + int64_t(lane) * g_warps;
-        my_entry = send_list[i];
+        const int32_t entry = send_list[i];
         int lo = 0, hi = geo.experts;  // largest rotated index with rows_base[lo] <= i (< experts)
         while (hi - lo > 1) {
           const int mid = (lo + hi) / 2;
@@ -545,25 +573,24 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
         const int xg = geo.rot_expert(geo.rank, lo);
         my_lo = lo;
         my_owner = xg / geo.epr;
-        my_r = i - rows_base[lo];  // row in this rank's block of expert xg
-        my_dest = block_begin[xg] + my_r;
-        row_src[my_owner][my_dest] = make_int2(geo.rank, my_entry);
-        row_w[my_owner][my_dest] = topk_w[my_entry];
+        my_r = int(i - rows_base[lo]);  // row in this rank's block of expert xg
+        const int64_t dest = block_begin[xg] + my_r;
+        row_src[my_owner][dest] = make_int2(geo.rank, entry);
+        row_w[my_owner][dest] = topk_w[entry];
+        my_from = x + int64_t(entry / geo.topk) * geo.hidden;
+        if (!diag_no_local || my_owner != geo.rank) my_to = recv[my_owner] + dest * geo.hidden;
       }
       const bool any_remote = __any_sync(0xffffffffu, lane < rows_here && my_owner != geo.rank);
-      // Row j's data into L2, one row ahead of its copy.
-      const auto prefetch_row = [&](int j) {
-        const int32_t entry = __shfl_sync(0xffffffffu, my_entry, j);
-        prefetch_row_l2(x + int64_t(entry / geo.topk) * geo.hidden, row_bytes, lane);
+      const auto from_of = [&](int j) {
+        return reinterpret_cast<const E*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_from), j));
       };
-      if (rows_here > 0) prefetch_row(0);
+      // The next prefetch_rows rows' data into L2 ahead of their copies.
+      for (int j = 0; j < min(prefetch_rows, rows_here); ++j) prefetch_row_l2(from_of(j), row_bytes, lane);
       for (int j = 0; j < rows_here; ++j) {
-        const int32_t entry = __shfl_sync(0xffffffffu, my_entry, j);
-        const int owner = __shfl_sync(0xffffffffu, my_owner, j);
-        const int64_t dest = __shfl_sync(0xffffffffu, my_dest, j);
-        if (j + 1 < rows_here) prefetch_row(j + 1);
-        if (!diag_no_local || owner != geo.rank)
-          copy_row(x + int64_t(entry / geo.topk) * geo.hidden, recv[owner] + dest * geo.hidden, vecs, lane);
+        const E* from = from_of(j);
+        E* to = reinterpret_cast<E*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_to), j));
+        if (j + prefetch_rows < rows_here) prefetch_row_l2(from_of(j + prefetch_rows), row_bytes, lane);
+        if (to != nullptr) copy_row(from, to, vecs, lane);
       }
       __syncwarp();  // every lane's stores before lane 0's fence
       if (lane == 0) {
@@ -1202,6 +1229,7 @@ std::string MoeFfn::describe() const {
                           "+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum")
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
+  if (send_prefetch_rows() != 1) os << " send_prefetch=" << send_prefetch_rows() << "(CCFUSE_MOE_SEND_PREFETCH)";
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
@@ -1354,6 +1382,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.striped = s.striped;
     epi.unit_done = s.plan.unit_done;
     epi.stripe_rows = s.cfg.stripe_rows;
+    epi.prefetch_rows = send_prefetch_rows();
     epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));

@@ -1423,6 +1423,12 @@ std::vector<GroupedCase> grouped_cases() {
   out.push_back({"overflow_drops_rows_pingpong", {300, 300, 300}, 256, 128, BLayout::kKN, 128, -200, true, true});
   out.push_back({"one_group_takes_all_nk_pingpong", {0, 0, 3000, 0}, 768, 520, BLayout::kNK, 128, 64, true, true, 3});
   out.push_back({"all_empty_pingpong", {0, 0, 0}, 256, 128, BLayout::kKN, 128, 16, true, true});
+  // 70 groups: the prefix warp's carry across three steps of 32 groups, and rows dropped past
+  // max_rows from a group of the third step on (the cut group partly kept, the later ones empty).
+  std::vector<int> seventy;
+  for (int g = 0; g < 70; ++g) seventy.push_back(g % 7 == 3 ? 0 : 37 + (g * 13) % 100);
+  out.push_back({"overflow_past_32_groups_tma", seventy, 256, 128, BLayout::kKN, 128, -250, true});
+  out.push_back({"seventy_groups_nk", seventy, 256, 192, BLayout::kNK, 256, 0});
   return out;
 }
 

@@ -358,30 +358,6 @@ inline KPartSchedule split_k_schedule(const PlainSchedule& base, int k_tiles, in
   return s;
 }
 
-// One thread: GroupedSchedule's prefix sums of rows and tiles per group from per-group row counts
-// (device memory; row_prefix may be null); rows past `max_rows` are dropped (and counted in *overflow, when not null) so
-// that no tile reads or writes past the buffers.
-__device__ inline void grouped_prefix(const int* group_rows, int num_groups, int n_tiles, int block_m,
-                                      int64_t max_rows, int* tile_prefix, int64_t* row_prefix, int* overflow) {
-  int64_t rows = 0;
-  int tiles = 0;
-  int dropped = 0;
-  for (int g = 0; g < num_groups; ++g) {
-    if (row_prefix) row_prefix[g] = rows;
-    tile_prefix[g] = tiles;
-    int r = group_rows[g] < 0 ? 0 : group_rows[g];
-    if (rows + r > max_rows) {
-      dropped += int(rows + r - max_rows);
-      r = int(max_rows - rows);
-    }
-    rows += r;
-    tiles += ((r + block_m - 1) / block_m) * n_tiles;
-  }
-  if (row_prefix) row_prefix[num_groups] = rows;
-  tile_prefix[num_groups] = tiles;
-  if (overflow) *overflow = dropped;
-}
-
 // Epilogues: where a tile's output goes and what happens to it on the way.
 //   kAct          Activation::kNone, kGelu (erf form) or kSiluMul: SwiGLU from one GEMM whose
 //                 B columns are arranged per BLOCK_N tile as [BLOCK_N/2 gate | BLOCK_N/2 up]
