@@ -345,7 +345,9 @@ fi
 if [[ " $what " == *" moe_diag "* ]]; then
   # Where the MoE FFN's time goes beyond its grouped GEMMs (diagnostic: the results are wrong on
   # purpose, CCFUSE_MOE_DIAG; docs/perf-notes.md): T = 4096 uniform, each model, the default and
-  # l0pre (layer 0's preparation kernels alone), nowait (no per-tile waits), nosend (no dispatch),
+  # l0pre (layer 0's preparation kernels alone; l0stopbegin, l0stoprank, l0stoplist: its first
+  # steps alone, the entry barrier, the ranking and the send-list kernels), nowait (no per-tile
+  # waits), nosend (no dispatch),
   # l0plain / l0sw / l0ready (layer 0's GEMM, no dispatch or waits, with a plain grouped schedule
   # and epilogue / with its idle send warps / with its ready schedule),
   # l1gemm (layer 1 without the pre-sum and combine kernels), l1presum (without the combine kernel),

@@ -1,7 +1,7 @@
 # One-GPU A/B of the MoE dispatch copy (2026-12-02). W1AB_BINS names the builds and settings to
 # compare, "NAME=DIR[,VAR=VALUE...]" each (default "old=.carry/bin-old new=.carry/bin": old
 # binaries staged in .carry/bin-old, new in .carry/bin; e.g. "r72=.carry/bin-r72" for a
-# tools/stage_variant.sh build, "pf4=.carry/bin,CCFUSE_MOE_SEND_PREFETCH=4" for a knob).
+# tools/stage_variant.sh build, "st0=.carry/bin,CCFUSE_MOE_STRIPED=0" for a bench setting).
 # Every run writes into its own folder under $OUT; at the end all of them go into one
 # $OUT/ab-all.tgz (the device tool brings back a limited number of files).
 # W1AB_TESTS=1: GPU tests at W = 1 first, with the first build's binaries (W1AB_TEST_FILTER, by

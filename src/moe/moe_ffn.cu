@@ -24,15 +24,6 @@ constexpr int kBlockM = 128, kBlockN = 256;
 constexpr int kChunkRows = 128;  // rows of a (source, expert) block per dispatch flag
 using E = cutlass::bfloat16_t;
 
-// CCFUSE_MOE_SEND_PREFETCH: rows the striped dispatch prefetches into L2 ahead of its copy (an
-// experiment knob, like CCFUSE_MOE_DIAG; 1 unless set to 0-16).
-int send_prefetch_rows() {
-  const char* v = std::getenv("CCFUSE_MOE_SEND_PREFETCH");
-  if (v == nullptr || *v == '\0') return 1;
-  const int n = std::atoi(v);
-  return n < 0 ? 0 : n > 16 ? 16 : n;
-}
-
 // Where things live (per rank, all device memory; "sym" = symmetric, peers write it).
 //   counts   sym [W][E] int32       every source's entries per global expert
 //   recv     sym [max_rows, H] bf16 layer 0's A: dispatched rows, expert-sorted
@@ -117,9 +108,10 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
   if (!__syncthreads_and(ok ? 1 : 0)) return;  // watchdog: the host raises TimeoutError
   // The matrix in shared memory, then every derived array in parallel (a single thread walking
   // DispatchPlan's O(E) helpers per expert cost ~1 ms at E = 256).
-  extern __shared__ int32_t smem_counts[];  // [W][E], then expert rows [E]
+  extern __shared__ int32_t smem_counts[];  // [W][E], then expert rows [E], then kept rows [E_local]
   int32_t* cnt = smem_counts;
   int32_t* erows = smem_counts + g.world * g.experts;
+  int32_t* kept = erows + g.experts;
   const int32_t* counts = counts_peers[g.rank];
   for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) cnt[i] = counts[i];
   __syncthreads();
@@ -164,14 +156,10 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
   // an L2 round trip per expert: docs/perf-notes.md, 2026-12-06). The kernel runs 256 threads.
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int32_t* local_rows = erows + g.rank * g.epr;
-  if (warp == 4)
-    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles0, kBlockM, max_rows,
-                                    plan.tile_prefix0, plan.row_prefix, nullptr, lane);
-  else if (warp == 5)
-    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles1, kBlockM, max_rows,
-                                    plan.tile_prefix1, nullptr, nullptr, lane);
-  __syncthreads();  // row_prefix written
   if (warp == 4) {
+    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles0, kBlockM, max_rows,
+                                    plan.tile_prefix0, plan.row_prefix, nullptr, lane, kept);
+    __syncwarp();  // kept[] written by the warp's lanes
     // Layer 0's first tiles (MoeFfnConfig::local_first, L0Schedule::local_prefix): a local
     // expert's rows start with this rank's own (block_begin: the owner's block first), so its
     // first floor(own / 128) row tiles hold only rows copied on this GPU (within the rows kept
@@ -179,11 +167,13 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     warp_exclusive_scan<int>(
         g.epr,
         [&](int x) {
-          const int64_t kept = plan.row_prefix[x + 1] - plan.row_prefix[x];
-          const int64_t own = min(int64_t(cnt[g.rank * g.experts + g.rank * g.epr + x]), kept);
-          return int(own / kBlockM) * n_tiles0;
+          const int own = min(cnt[g.rank * g.experts + g.rank * g.epr + x], kept[x]);
+          return own / kBlockM * n_tiles0;
         },
         [&](int x, int tiles) { plan.local_prefix0[x] = tiles; }, lane);
+  } else if (warp == 5) {
+    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles1, kBlockM, max_rows,
+                                    plan.tile_prefix1, nullptr, nullptr, lane);
   }
 }
 
@@ -205,13 +195,22 @@ __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int 
   constexpr int kWarps = kPrepThreads / 32;
   int32_t* running = prep_smem;               // [E]
   int32_t* warp_cnt = prep_smem + experts;    // [kWarps][E], zero between steps
+  constexpr int kSteps = kPrepChunk / kPrepThreads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
+  // Every step's id loaded first: one round trip to memory, not one a step behind its barriers.
+  int ids[kSteps];
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t i = first + step * kPrepThreads + threadIdx.x;
+    ids[step] = i < entries ? topk_ids[i] : -1;
+  }
   for (int i = threadIdx.x; i < experts * (1 + kWarps); i += blockDim.x) prep_smem[i] = 0;
   __syncthreads();
-  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
-  for (int step = 0; step < kPrepChunk / kPrepThreads; ++step) {
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
     const int64_t i = first + step * kPrepThreads + threadIdx.x;
-    int x = i < entries ? topk_ids[i] : -1;
+    int x = ids[step];
     if (x >= experts) x = -1;
     const unsigned peers = __match_any_sync(0xffffffffu, x);
     const bool leader = (peers & ((1u << lane) - 1)) == 0;
@@ -246,6 +245,17 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
   int32_t* base = prep_smem;                   // [E] entries of expert x in the chunks before this one
   int32_t* total = prep_smem + g.experts;      // [E] entries of expert x (this rank's counts row)
   int32_t* rows_base = total + g.experts;      // [E] by rotated index
+  // The chunk's ids and ranks loaded first (one round trip; the stores below may alias them, so
+  // the loop at the end would otherwise load them one entry at a time). kPrepThreads a block.
+  constexpr int kSteps = kPrepChunk / kPrepThreads;
+  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
+  int32_t ids[kSteps], ranks[kSteps];
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) {
+    const int64_t i = first + u * kPrepThreads + threadIdx.x;
+    ids[u] = i < entries ? topk_ids[i] : -1;
+    ranks[u] = i < entries ? entry_rank[i] : 0;
+  }
   const int chunks = int(gridDim.x);
   for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
     int32_t before = 0, all = 0;
@@ -272,11 +282,11 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
         int(threadIdx.x));
   __syncthreads();
   if (send_list == nullptr) return;
-  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
-  for (int64_t i = first + threadIdx.x; i < entries && i < first + kPrepChunk; i += blockDim.x) {
-    const int x = topk_ids[i];
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) {
+    const int x = ids[u];
     if (x < 0 || x >= g.experts) continue;
-    send_list[rows_base[g.rot_index(g.rank, x)] + base[x] + entry_rank[i]] = int32_t(i);
+    send_list[rows_base[g.rot_index(g.rank, x)] + base[x] + ranks[u]] = int32_t(first + u * kPrepThreads + threadIdx.x);
   }
 }
 
@@ -540,9 +550,6 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // at W = 1 (one H200, 2026-12-02, Qwen3, striped): the dispatch alone 0.269 -> 0.205 ms at 4096
   // tokens, 1.067 -> 0.696 at 16384; layer 0 -3.4 to -5 %; DeepSeek-like and Mixtral level.
   int stripe_rows = 16;
-  // Rows prefetched into L2 ahead of the one copied: 1, or CCFUSE_MOE_SEND_PREFETCH (0-16), an
-  // experiment knob like CCFUSE_MOE_DIAG.
-  int prefetch_rows = 1;
   uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
     const epoch_t e = comm::current_epoch(sig);
@@ -584,12 +591,14 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       const auto from_of = [&](int j) {
         return reinterpret_cast<const E*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_from), j));
       };
-      // The next prefetch_rows rows' data into L2 ahead of their copies.
-      for (int j = 0; j < min(prefetch_rows, rows_here); ++j) prefetch_row_l2(from_of(j), row_bytes, lane);
+      // Each row's data into L2 one row ahead of its copy. (Four rows ahead measured no faster:
+      // the dispatch alone 0.172-0.174 ms against 0.172-0.173, Qwen3 at 4096 tokens, W = 1, one
+      // H100, 2026-12-06.)
+      if (rows_here > 0) prefetch_row_l2(from_of(0), row_bytes, lane);
       for (int j = 0; j < rows_here; ++j) {
         const E* from = from_of(j);
         E* to = reinterpret_cast<E*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_to), j));
-        if (j + prefetch_rows < rows_here) prefetch_row_l2(from_of(j + prefetch_rows), row_bytes, lane);
+        if (j + 1 < rows_here) prefetch_row_l2(from_of(j + 1), row_bytes, lane);
         if (to != nullptr) copy_row(from, to, vecs, lane);
       }
       __syncwarp();  // every lane's stores before lane 0's fence
@@ -1229,7 +1238,6 @@ std::string MoeFfn::describe() const {
                           "+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum")
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
-  if (send_prefetch_rows() != 1) os << " send_prefetch=" << send_prefetch_rows() << "(CCFUSE_MOE_SEND_PREFETCH)";
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
@@ -1306,7 +1314,13 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
                      ") holds an expert id outside [-1, num_experts = ", d.num_experts, ")");
   }
   s.num_tokens = num_tokens;
+  // Timing experiments (docs/moe-layers.md; the results are wrong then): "l0stopbegin",
+  // "l0stoprank", "l0stoplist" stop after the call's entry barrier, the ranking kernel, the send
+  // list kernel (each preparation step's share of "l0pre", launch gaps included).
+  const char* diag = std::getenv("CCFUSE_MOE_DIAG");
+  const auto stop_at = [&](const char* step) { return diag != nullptr && std::strstr(diag, step) != nullptr; };
   s.sig->begin_call(stream);
+  if (stop_at("l0stopbegin")) return;
   const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
   const int64_t entries_now = num_tokens * d.topk;
   const unsigned prep_chunks = unsigned(ceil_div(entries_now, kPrepChunk));
@@ -1314,12 +1328,14 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     chunk_rank_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4, stream>>>(
         topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
     CCFUSE_CUDA_CHECK_LAUNCH();
+    if (stop_at("l0stoprank")) return;
     // Needs only this rank's counts: before the exchange, which waits for the peers. Zeroes the
     // per-call counters too.
     chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 3 * 4, stream>>>(
         s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, allgather ? nullptr : s.send_list,
         s.plan.done_count, s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
     CCFUSE_CUDA_CHECK_LAUNCH();
+    if (stop_at("l0stoplist")) return;
   } else {  // no tokens: the counts row and the counters by memsets
     CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
     CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.plan.done_count, 0, size_t(s.geo.world) * 8, stream));
@@ -1332,7 +1348,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_CUDA_CHECK_LAUNCH();
   }
   const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / s.l1_block_n);
-  const size_t exchange_smem = size_t(s.geo.world + 1) * d.num_experts * 4;
+  const size_t exchange_smem = size_t(s.geo.world + 2) * d.num_experts * 4;
   exchange_kernel<<<1, 256, exchange_smem, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan,
                                                      n_tiles0, n_tiles1, s.max_rows);
   CCFUSE_CUDA_CHECK_LAUNCH();
@@ -1361,7 +1377,6 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   // Timing experiments (docs/moe-layers.md): "nowait" (tiles do not wait for their rows),
   // "nosend" (no dispatch; implies nowait), "l0pre" (no GEMM: the preparation alone), "l0plain"
   // (below). The results are wrong then.
-  const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   const bool no_send = diag != nullptr && (std::strncmp(diag, "nosend", 6) == 0 || std::strstr(diag, ",nosend") != nullptr);
   sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
   // "l0sendonly": layer 0's kernel with no tiles, so that only its send warps' dispatch runs
@@ -1382,7 +1397,6 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.striped = s.striped;
     epi.unit_done = s.plan.unit_done;
     epi.stripe_rows = s.cfg.stripe_rows;
-    epi.prefetch_rows = send_prefetch_rows();
     epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
@@ -1403,7 +1417,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   using gemm::sm90::Activation;
   const bool nk = d.b_layout == gemm::BLayout::kNK;
   // "l0pre": stop before the GEMM (the preparation kernels' time alone).
-  if (diag != nullptr && std::strstr(diag, "l0pre") != nullptr) return;
+  if (stop_at("l0pre")) return;
   // Layer 0's GEMM with parts of its machinery left out (no dispatch, no waits; with SwiGLU):
   // "l0plain" a plain grouped schedule and epilogue (against "nosend": the cost of the send warps
   // and the ready schedule; against the grouped GEMM alone: the SwiGLU epilogue's), "l0sw" the
@@ -1550,6 +1564,9 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
     check_ptr(out, "out");
     CCFUSE_ARG_CHECK(topk_ids != nullptr, "topk_ids must be a device pointer");
   }
+  // Layer 0 stopped before its exchange kernel (CCFUSE_MOE_DIAG=l0stop...): no plan to run on.
+  if (const char* diag = std::getenv("CCFUSE_MOE_DIAG"); diag != nullptr && std::strstr(diag, "l0stop") != nullptr)
+    return;
   const int n_tiles1 = int(d.hidden / kBlockN);
   const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(n_tiles1, s.plan.tile_prefix1);
   if (s.cfg.combine == MoeCombine::kPresum) {

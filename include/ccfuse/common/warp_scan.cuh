@@ -48,9 +48,11 @@ namespace gemm::sm90 {
 // (counted in *overflow when not null) so that no tile reads or writes past the buffers: group g
 // keeps min(P(g + 1), max_rows) - min(P(g), max_rows) rows, P being the prefix sum of the rows,
 // the same as walking the groups one by one and cutting the first group that overflows.
+// kept (optional, [num_groups]): those kept rows per group, for a scan of the caller's after it.
 template <class RowsOf>
 __device__ void grouped_prefix_warp(RowsOf rows_of, int num_groups, int n_tiles, int block_m, int64_t max_rows,
-                                    int* tile_prefix, int64_t* row_prefix, int* overflow, int lane) {
+                                    int* tile_prefix, int64_t* row_prefix, int* overflow, int lane,
+                                    int32_t* kept = nullptr) {
   int64_t rows_carry = 0;
   int tiles_carry = 0;
   for (int g0 = 0; g0 < num_groups; g0 += 32) {
@@ -64,6 +66,7 @@ __device__ void grouped_prefix_warp(RowsOf rows_of, int num_groups, int n_tiles,
     if (g < num_groups) {
       if (row_prefix) row_prefix[g] = lo;
       tile_prefix[g] = tiles_carry + t_incl - t;
+      if (kept) kept[g] = int32_t(hi - lo);
     }
     rows_carry += __shfl_sync(0xffffffffu, incl, 31);
     tiles_carry += __shfl_sync(0xffffffffu, t_incl, 31);
