@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
@@ -87,10 +88,41 @@ struct Geometry {
   }
 };
 
+// Layer 0's preparation kernels go out with programmatic dependent launch (launch_pdl): each may
+// start while the kernel before it still runs, and waits (gemm::sm90::griddep_wait) only where it
+// reads what that kernel wrote, so a kernel's launch hides behind its predecessor's work instead of
+// following its end (the steps of "l0pre" cost 5-8 us each on one H100, 2026-12-06, the work in
+// them a fraction of that). Every kernel of the chain waits before it exits, so its end implies
+// its predecessors'. Without PDL the griddepcontrol instructions return at once.
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+template <class... KArgs, class... Args>
+void launch_pdl(bool pdl, void (*kernel)(KArgs...), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  CCFUSE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// CCFUSE_MOE_PREP_PDL=0: the preparation kernels launched one after the other (an A/B switch).
+bool prep_pdl() {
+  const char* v = std::getenv("CCFUSE_MOE_PREP_PDL");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // One CTA: push this rank's counts row into every rank's matrix, wait for every source's, then
 // derive the Plan (thread 0; W * E is at most 8 * a few hundred).
 __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32_t* counts_row, int32_t* const* counts_peers,
                                 Plan plan, int n_tiles0, int n_tiles1, int64_t max_rows) {
+  gemm::sm90::griddep_wait();  // the counts row and the call's epoch (the kernels before it)
   const epoch_t e = comm::current_epoch(sig);
   for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) {
     const int p = i / g.experts, x = i % g.experts;
@@ -205,6 +237,7 @@ __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int 
     const int64_t i = first + step * kPrepThreads + threadIdx.x;
     ids[step] = i < entries ? topk_ids[i] : -1;
   }
+  griddep_launch_dependents();  // the send-list kernel may launch (it waits for this one's end)
   for (int i = threadIdx.x; i < experts * (1 + kWarps); i += blockDim.x) prep_smem[i] = 0;
   __syncthreads();
 #pragma unroll
@@ -230,6 +263,9 @@ __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int 
   }
   __syncthreads();
   for (int x = threadIdx.x; x < experts; x += blockDim.x) chunk_counts[int64_t(blockIdx.x) * experts + x] = running[x];
+  // It needs nothing of the call's entry barrier (only the routing, written before it), so it
+  // waits for it last: this kernel's end then implies the barrier's.
+  gemm::sm90::griddep_wait();
 }
 
 // chunk_send_list_kernel: send_list[rows_base[rot(x)] + (entries of x in earlier chunks) +
@@ -254,6 +290,12 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
   for (int u = 0; u < kSteps; ++u) {
     const int64_t i = first + u * kPrepThreads + threadIdx.x;
     ids[u] = i < entries ? topk_ids[i] : -1;
+  }
+  griddep_launch_dependents();  // the exchange kernel may launch (it waits for this one's end)
+  gemm::sm90::griddep_wait();   // the ranks and counts of chunk_rank_kernel
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) {
+    const int64_t i = first + u * kPrepThreads + threadIdx.x;
     ranks[u] = i < entries ? entry_rank[i] : 0;
   }
   const int chunks = int(gridDim.x);
@@ -1319,22 +1361,22 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   // list kernel (each preparation step's share of "l0pre", launch gaps included).
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   const auto stop_at = [&](const char* step) { return diag != nullptr && std::strstr(diag, step) != nullptr; };
-  s.sig->begin_call(stream);
+  s.sig->begin_call(stream);  // triggers its dependents at once: the first kernel below may start
   if (stop_at("l0stopbegin")) return;
+  const bool pdl = prep_pdl();
   const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
   const int64_t entries_now = num_tokens * d.topk;
   const unsigned prep_chunks = unsigned(ceil_div(entries_now, kPrepChunk));
   if (prep_chunks > 0) {
-    chunk_rank_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4, stream>>>(
-        topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
-    CCFUSE_CUDA_CHECK_LAUNCH();
+    launch_pdl(pdl, chunk_rank_kernel, prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4,
+               stream, topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
     if (stop_at("l0stoprank")) return;
     // Needs only this rank's counts: before the exchange, which waits for the peers. Zeroes the
     // per-call counters too.
-    chunk_send_list_kernel<<<prep_chunks, kPrepThreads, size_t(d.num_experts) * 3 * 4, stream>>>(
-        s.geo, topk_ids, entries_now, s.entry_rank, s.chunk_counts, s.counts_row, allgather ? nullptr : s.send_list,
-        s.plan.done_count, s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
-    CCFUSE_CUDA_CHECK_LAUNCH();
+    launch_pdl(pdl, chunk_send_list_kernel, prep_chunks, kPrepThreads, size_t(d.num_experts) * 3 * 4, stream, s.geo,
+               topk_ids, entries_now, static_cast<const int32_t*>(s.entry_rank),
+               static_cast<const int32_t*>(s.chunk_counts), s.counts_row, allgather ? nullptr : s.send_list,
+               s.plan.done_count, s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
     if (stop_at("l0stoplist")) return;
   } else {  // no tokens: the counts row and the counters by memsets
     CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.counts_row, 0, size_t(d.num_experts) * 4, stream));
@@ -1349,9 +1391,10 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   }
   const int n_tiles0 = int(ceil_div(s.l0_cols(), kBlockN)), n_tiles1 = int(d.hidden / s.l1_block_n);
   const size_t exchange_smem = size_t(s.geo.world + 2) * d.num_experts * 4;
-  exchange_kernel<<<1, 256, exchange_smem, stream>>>(s.geo, s.sig->device(), s.counts_row, s.counts_peers, s.plan,
-                                                     n_tiles0, n_tiles1, s.max_rows);
-  CCFUSE_CUDA_CHECK_LAUNCH();
+  // PDL only right after the send-list kernel (not after memsets or the all-gather's kernel).
+  launch_pdl(pdl && prep_chunks > 0 && !allgather, exchange_kernel, 1, 256, exchange_smem, stream, s.geo,
+             s.sig->device(), static_cast<const int32_t*>(s.counts_row), s.counts_peers, s.plan, n_tiles0, n_tiles1,
+             s.max_rows);
   const int32_t* counts_local = static_cast<const int32_t*>(s.counts->local());
   if (allgather) {
     // Every source's entries ranked on this rank (dispatch_positions_gpu over max_tokens padded
