@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
@@ -118,11 +119,95 @@ bool prep_pdl() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// CCFUSE_MOE_L0_PDL=0: layer 0's GEMM launched after the exchange kernel's end (an A/B switch).
+bool l0_gemm_pdl() {
+  const char* v = std::getenv("CCFUSE_MOE_L0_PDL");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// The Plan from the counts matrix cnt ([W][E], in shared memory) by the whole CTA; erows ([E])
+// and kept ([E_local]) are shared-memory scratch.
+__device__ void derive_plan(const Geometry& g, const int32_t* cnt, int32_t* erows, int32_t* kept, const Plan& plan,
+                            int n_tiles0, int n_tiles1, int64_t max_rows) {
+  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
+    int32_t r = 0;
+    for (int q = 0; q < g.world; ++q) r += cnt[q * g.experts + x];
+    erows[x] = r;
+    if (x / g.epr == g.rank) plan.group_rows[x - g.rank * g.epr] = r;
+  }
+  __syncthreads();
+  // Every derived array is a prefix sum: one task a warp, each a warp scan (32 items a step).
+  // Until 2026-12-06 single threads walked the experts for chunk_base, rows_base and perm_base,
+  // and thread x summed x's predecessors for block_begin: O(E) shared-memory steps each, a few
+  // microseconds at E = 128-256 on the path to layer 0's GEMM (docs/perf-notes.md).
+  // Tasks: 0 layer 0's schedule prefixes and local_prefix0, 1 layer 1's, 2 rows_base,
+  // 3 perm_base, 4 block_begin, 5 + s chunk_base of source s and target[s].
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+  const int32_t* local_rows = erows + g.rank * g.epr;
+  for (int task = warp; task < 5 + g.world; task += warps) {
+    if (task == 0) {
+      gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles0, kBlockM, max_rows,
+                                      plan.tile_prefix0, plan.row_prefix, nullptr, lane, kept);
+      __syncwarp();  // kept[] written by the warp's lanes
+      // Layer 0's first tiles (MoeFfnConfig::local_first, L0Schedule::local_prefix): a local
+      // expert's rows start with this rank's own (block_begin: the owner's block first), so its
+      // first floor(own / 128) row tiles hold only rows copied on this GPU (within the rows kept
+      // under max_rows).
+      warp_exclusive_scan<int>(
+          g.epr,
+          [&](int x) {
+            const int own = min(cnt[g.rank * g.experts + g.rank * g.epr + x], kept[x]);
+            return own / kBlockM * n_tiles0;
+          },
+          [&](int x, int tiles) { plan.local_prefix0[x] = tiles; }, lane);
+    } else if (task == 1) {
+      gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles1, kBlockM, max_rows,
+                                      plan.tile_prefix1, nullptr, nullptr, lane);
+    } else if (task == 2) {  // this rank's entries before rotated expert i (its send order)
+      warp_exclusive_scan<int64_t>(
+          g.experts, [&](int i) { return cnt[g.rank * g.experts + g.rot_expert(g.rank, i)]; },
+          [&](int i, int64_t v) { plan.rows_base[i] = v; }, lane);
+    } else if (task == 3) {  // DispatchPlan::permute_bases(rank, kChunkRows, perm_base)
+      warp_exclusive_scan<int>(
+          g.world * g.epr,
+          [&](int q) {
+            const int src = (g.rank + q / g.epr) % g.world;
+            return (cnt[src * g.experts + g.rank * g.epr + q % g.epr] + kChunkRows - 1) / kChunkRows;
+          },
+          [&](int q, int u) { plan.perm_base[q] = u; }, lane);
+    } else if (task == 4) {
+      // block_begin(rank, x): x's first row on its owner (the owner's earlier experts' rows), then
+      // the blocks of the sources rotated from the owner that come before this rank's.
+      for (int owner = 0; owner < g.world; ++owner) {
+        const int x0 = owner * g.epr, before = (g.rank - owner + g.world) % g.world;
+        warp_exclusive_scan<int64_t>(
+            g.epr, [&](int j) { return erows[x0 + j]; },
+            [&](int j, int64_t row) {
+              if (j == g.epr) return;
+              for (int i = 0; i < before; ++i) row += cnt[((owner + i) % g.world) * g.experts + x0 + j];
+              plan.block_begin[x0 + j] = row;
+            },
+            lane);
+      }
+    } else {  // source src's chunks before its block of rotated expert i; layer 1's target from it
+      const int src = task - 5;
+      warp_exclusive_scan<int>(
+          g.experts,
+          [&](int i) { return (cnt[src * g.experts + g.rot_expert(src, i)] + kChunkRows - 1) / kChunkRows; },
+          [&](int i, int c) { plan.chunk_base[src * (g.experts + 1) + i] = c; }, lane);
+      const int64_t from_src = warp_exclusive_scan<int64_t>(
+          g.epr, [&](int x) { return cnt[src * g.experts + g.rank * g.epr + x]; }, [](int, int64_t) {}, lane);
+      if (lane == 0) plan.target[src] = from_src * n_tiles1;
+    }
+  }
+}
+
 // One CTA: push this rank's counts row into every rank's matrix, wait for every source's, then
-// derive the Plan (thread 0; W * E is at most 8 * a few hundred).
+// derive the Plan (derive_plan).
 __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32_t* counts_row, int32_t* const* counts_peers,
                                 Plan plan, int n_tiles0, int n_tiles1, int64_t max_rows) {
-  gemm::sm90::griddep_wait();  // the counts row and the call's epoch (the kernels before it)
+  griddep_launch_dependents();  // layer 0's GEMM may take its SMs now (it waits for this kernel's end)
+  gemm::sm90::griddep_wait();   // the counts row and the call's epoch (the kernels before it)
   const epoch_t e = comm::current_epoch(sig);
   for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) {
     const int p = i / g.experts, x = i % g.experts;
@@ -138,75 +223,22 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     ok = comm::wait(sig, threadIdx.x, e, threadIdx.x);
   }
   if (!__syncthreads_and(ok ? 1 : 0)) return;  // watchdog: the host raises TimeoutError
-  // The matrix in shared memory, then every derived array in parallel (a single thread walking
-  // DispatchPlan's O(E) helpers per expert cost ~1 ms at E = 256).
   extern __shared__ int32_t smem_counts[];  // [W][E], then expert rows [E], then kept rows [E_local]
-  int32_t* cnt = smem_counts;
-  int32_t* erows = smem_counts + g.world * g.experts;
-  int32_t* kept = erows + g.experts;
   const int32_t* counts = counts_peers[g.rank];
-  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) cnt[i] = counts[i];
+  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) smem_counts[i] = counts[i];
   __syncthreads();
-  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
-    int32_t r = 0;
-    for (int q = 0; q < g.world; ++q) r += cnt[q * g.experts + x];
-    erows[x] = r;
-  }
+  derive_plan(g, smem_counts, smem_counts + g.world * g.experts, smem_counts + (g.world + 1) * g.experts, plan,
+              n_tiles0, n_tiles1, max_rows);
+}
+
+// internal::derive_plan_for_test's kernel: derive_plan from a given matrix (no exchange).
+__global__ void derive_plan_kernel(Geometry g, const int32_t* counts, Plan plan, int n_tiles0, int n_tiles1,
+                                   int64_t max_rows) {
+  extern __shared__ int32_t smem_counts[];
+  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) smem_counts[i] = counts[i];
   __syncthreads();
-  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
-    // block_begin(rank, x): x's first row on its owner, then the sources rotated from the owner.
-    const int owner = x / g.epr;
-    int64_t row = 0;
-    for (int e2 = owner * g.epr; e2 < x; ++e2) row += erows[e2];
-    for (int i = 0; i < (g.rank - owner + g.world) % g.world; ++i) row += cnt[((owner + i) % g.world) * g.experts + x];
-    plan.block_begin[x] = row;
-    if (owner == g.rank) plan.group_rows[x - owner * g.epr] = erows[x];
-  }
-  if (threadIdx.x < g.world) {
-    const int src = threadIdx.x;
-    int c = 0;
-    for (int i = 0; i < g.experts; ++i) {
-      plan.chunk_base[src * (g.experts + 1) + i] = c;
-      c += (cnt[src * g.experts + g.rot_expert(src, i)] + kChunkRows - 1) / kChunkRows;
-    }
-    plan.chunk_base[src * (g.experts + 1) + g.experts] = c;
-    int64_t from_src = 0;
-    for (int x = 0; x < g.epr; ++x) from_src += cnt[src * g.experts + g.rank * g.epr + x];
-    plan.target[src] = from_src * n_tiles1;
-  } else if (threadIdx.x == 96) {
-    DispatchPlan{cnt, g.world, g.experts}.permute_bases(g.rank, kChunkRows, plan.perm_base);
-  } else if (threadIdx.x == 32) {
-    int64_t rows = 0;
-    for (int i = 0; i < g.experts; ++i) {
-      plan.rows_base[i] = rows;
-      rows += cnt[g.rank * g.experts + g.rot_expert(g.rank, i)];
-    }
-    plan.rows_base[g.experts] = rows;
-  }
-  // Both layers' schedule prefixes from the local experts' rows in shared memory, a warp each,
-  // beside the threads above (one thread each, reading group_rows back from device memory, paid
-  // an L2 round trip per expert: docs/perf-notes.md, 2026-12-06). The kernel runs 256 threads.
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int32_t* local_rows = erows + g.rank * g.epr;
-  if (warp == 4) {
-    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles0, kBlockM, max_rows,
-                                    plan.tile_prefix0, plan.row_prefix, nullptr, lane, kept);
-    __syncwarp();  // kept[] written by the warp's lanes
-    // Layer 0's first tiles (MoeFfnConfig::local_first, L0Schedule::local_prefix): a local
-    // expert's rows start with this rank's own (block_begin: the owner's block first), so its
-    // first floor(own / 128) row tiles hold only rows copied on this GPU (within the rows kept
-    // under max_rows).
-    warp_exclusive_scan<int>(
-        g.epr,
-        [&](int x) {
-          const int own = min(cnt[g.rank * g.experts + g.rank * g.epr + x], kept[x]);
-          return own / kBlockM * n_tiles0;
-        },
-        [&](int x, int tiles) { plan.local_prefix0[x] = tiles; }, lane);
-  } else if (warp == 5) {
-    gemm::sm90::grouped_prefix_warp([&](int x) { return local_rows[x]; }, g.epr, n_tiles1, kBlockM, max_rows,
-                                    plan.tile_prefix1, nullptr, nullptr, lane);
-  }
+  derive_plan(g, smem_counts, smem_counts + g.world * g.experts, smem_counts + (g.world + 1) * g.experts, plan,
+              n_tiles0, n_tiles1, max_rows);
 }
 
 // ---- layer 0's preparation: this rank's counts and send list in two kernels ---------------------
@@ -412,6 +444,7 @@ __device__ __forceinline__ void prefetch_row_l2(const E* row, int bytes, int lan
 // of its rows (every source block it overlaps, chunk by chunk).
 struct L0Schedule : gemm::sm90::GroupedSchedule {
   static constexpr bool kHasReady = true;
+  static constexpr bool kWaitsPriorGrid = true;  // its prefixes come from the exchange kernel (PDL)
   Geometry geo;
   const int32_t* counts = nullptr;  // local [W][E]
   const int* chunk_base = nullptr;
@@ -1246,6 +1279,68 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
 
 MoeFfn::~MoeFfn() = default;
 
+internal::PlanArrays internal::derive_plan_for_test(int world, int rank, int experts, bool interleaved,
+                                                const std::vector<int32_t>& counts, int n_tiles0, int n_tiles1,
+                                                int64_t max_rows) {
+  CCFUSE_ARG_CHECK(world >= 1 && world <= 8 && rank >= 0 && rank < world && experts > 0 && experts % world == 0,
+                   "derive_plan_for_test: world ", world, ", rank ", rank, ", experts ", experts);
+  CCFUSE_ARG_CHECK(counts.size() == size_t(world) * size_t(experts), "derive_plan_for_test: counts must be [W][E]");
+  Geometry g;
+  g.world = world;
+  g.rank = rank;
+  g.experts = experts;
+  g.epr = experts / world;
+  g.interleaved = interleaved;
+  PlanArrays out;
+  out.group_rows.resize(g.epr);
+  out.row_prefix.resize(g.epr + 1);
+  out.tile_prefix0.resize(g.epr + 1);
+  out.tile_prefix1.resize(g.epr + 1);
+  out.local_prefix0.resize(g.epr + 1);
+  out.chunk_base.resize(size_t(world) * (experts + 1));
+  out.rows_base.resize(experts + 1);
+  out.block_begin.resize(experts);
+  out.target.resize(world);
+  out.perm_base.resize(size_t(world) * g.epr + 1);
+  // One device allocation holds the counts and every array, each poisoned before the kernel.
+  std::vector<std::pair<void*, size_t>> host = {
+      {out.group_rows.data(), out.group_rows.size() * 4},       {out.row_prefix.data(), out.row_prefix.size() * 8},
+      {out.tile_prefix0.data(), out.tile_prefix0.size() * 4},   {out.tile_prefix1.data(), out.tile_prefix1.size() * 4},
+      {out.local_prefix0.data(), out.local_prefix0.size() * 4}, {out.chunk_base.data(), out.chunk_base.size() * 4},
+      {out.rows_base.data(), out.rows_base.size() * 8},         {out.block_begin.data(), out.block_begin.size() * 8},
+      {out.target.data(), out.target.size() * 8},               {out.perm_base.data(), out.perm_base.size() * 4}};
+  size_t total = counts.size() * 4;
+  std::vector<size_t> offset;
+  for (const auto& h : host) {
+    total = (total + 15) / 16 * 16;
+    offset.push_back(total);
+    total += h.second;
+  }
+  char* dev = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&dev, total));
+  std::unique_ptr<char, void (*)(char*)> hold(dev, [](char* q) { cudaFree(q); });
+  CCFUSE_CUDA_CHECK(cudaMemset(dev, 0xA5, total));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(dev, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+  Plan plan{};
+  plan.group_rows = reinterpret_cast<int32_t*>(dev + offset[0]);
+  plan.row_prefix = reinterpret_cast<int64_t*>(dev + offset[1]);
+  plan.tile_prefix0 = reinterpret_cast<int*>(dev + offset[2]);
+  plan.tile_prefix1 = reinterpret_cast<int*>(dev + offset[3]);
+  plan.local_prefix0 = reinterpret_cast<int*>(dev + offset[4]);
+  plan.chunk_base = reinterpret_cast<int*>(dev + offset[5]);
+  plan.rows_base = reinterpret_cast<int64_t*>(dev + offset[6]);
+  plan.block_begin = reinterpret_cast<int64_t*>(dev + offset[7]);
+  plan.target = reinterpret_cast<int64_t*>(dev + offset[8]);
+  plan.perm_base = reinterpret_cast<int*>(dev + offset[9]);
+  derive_plan_kernel<<<1, 256, size_t(world + 2) * experts * 4>>>(g, reinterpret_cast<const int32_t*>(dev), plan,
+                                                                  n_tiles0, n_tiles1, max_rows);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (size_t i = 0; i < host.size(); ++i)
+    CCFUSE_CUDA_CHECK(cudaMemcpy(host[i].first, dev + offset[i], host[i].second, cudaMemcpyDeviceToHost));
+  return out;
+}
+
 const int32_t* MoeFfn::expert_rows_device() const { return s_->plan.group_rows; }
 const void* MoeFfn::layer0_output() const { return s_->h1; }
 int64_t MoeFfn::max_rows() const { return s_->max_rows; }
@@ -1292,9 +1387,10 @@ void check_ptr(const void* p, const char* name) {
 
 template <class Traits, class Schedule, class Epi>
 void launch(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int64_t ldc, const Schedule& sched,
-            const Epi& epi, int sms, int groups, cudaStream_t stream) {
+            const Epi& epi, int sms, int groups, cudaStream_t stream, bool pdl = false) {
   const int64_t ldb = Traits::kBNK ? k : n;
-  gemm::sm90::launch_gemm<Traits>(m, n, k, a, k, b, ldb, c, ldc, sched, epi, sms, stream, groups, n * k);
+  gemm::sm90::launch_gemm<Traits>(m, n, k, a, k, b, ldb, c, ldc, sched, epi, sms, stream, groups, n * k, nullptr, 0,
+                                  pdl);
 }
 
 // The layers' grouped GEMMs: 128x256x64 tiles, B [N, K] (nk) or [K, N]; through the TMA-store
@@ -1302,17 +1398,20 @@ void launch(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void*
 // registers (4 stages).
 template <class Schedule, class Epi>
 void launch_layer(bool nk, bool tma, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c,
-                  int64_t ldc, const Schedule& sched, const Epi& epi, int sms, int groups, cudaStream_t stream) {
+                  int64_t ldc, const Schedule& sched, const Epi& epi, int sms, int groups, cudaStream_t stream,
+                  bool pdl = false) {
   using gemm::sm90::Traits;
   if constexpr (gemm::sm90::tma_store_ok<Epi>::value) {
     if (tma) {
-      if (nk) launch<Traits<E, 128, 256, 64, 3, true, 1, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
-      else launch<Traits<E, 128, 256, 64, 3, false, 1, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
+      if (nk)
+        launch<Traits<E, 128, 256, 64, 3, true, 1, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream, pdl);
+      else
+        launch<Traits<E, 128, 256, 64, 3, false, 1, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream, pdl);
       return;
     }
   }
-  if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
-  else launch<Traits<E, 128, 256, 64, 4, false>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream);
+  if (nk) launch<Traits<E, 128, 256, 64, 4, true>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream, pdl);
+  else launch<Traits<E, 128, 256, 64, 4, false>>(m, n, k, a, b, c, ldc, sched, epi, sms, groups, stream, pdl);
 }
 // Layer 1's grouped GEMM on ping-pong 128x128x64 tiles with 6 stages (MoeFfnConfig::l1_pingpong;
 // the engine's sub-tile staging ring, sm90::Traits::kStagingRing): TMA-stored whole tiles, a
@@ -1490,17 +1589,20 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_CUDA_CHECK_LAUNCH();
     return;
   }
+  // By PDL behind the kernel before it (the exchange; L0Schedule::kWaitsPriorGrid: every thread
+  // waits for it before reading the plan), so that its launch and setup overlap the exchange.
+  const bool gemm_pdl = pdl && l0_gemm_pdl();
   auto launch_l0 = [&](const auto& schedule) {
     if (d.swiglu) {
       L0Epilogue<Activation::kSiluMul> epi;
       fill(epi);
       launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, schedule,
-                   epi, sms, s.geo.epr, stream);
+                   epi, sms, s.geo.epr, stream, gemm_pdl);
     } else {
       L0Epilogue<Activation::kNone> epi;
       fill(epi);
       launch_layer(nk, s.cfg.tma_store, s.max_rows, s.l0_cols(), d.hidden, s.recv->local(), w1, s.h1, d.ffn, schedule,
-                   epi, sms, s.geo.epr, stream);
+                   epi, sms, s.geo.epr, stream, gemm_pdl);
     }
   };
   if (allgather && s.cfg.gather_rows) {

@@ -562,6 +562,89 @@ void expect_rejected(F&& f, const std::string& argument) {
   }
 }
 
+// Layer 0's plan (what the exchange kernel derives from the counts matrix, by warp scans) against
+// the serial definitions, for every rank of W = 1..8 on one GPU (no peers needed): the multi-rank
+// arrays (block_begin's rotation, chunk_base per source, perm_base) are otherwise checked only
+// where W GPUs run the whole layer. Fresh random counts (seed printed), with empty experts, one
+// hot expert, more than 32 experts and a max_rows cut.
+TEST(GpuMoeFfn, PlanMatchesSerialDefinition) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 gen(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  struct Shape {
+    int world, experts;
+  };
+  for (const Shape sh : {Shape{1, 8}, Shape{2, 128}, Shape{2, 6}, Shape{3, 96}, Shape{4, 256}, Shape{8, 64},
+                         Shape{8, 256}, Shape{5, 320}}) {
+    const int w = sh.world, ex = sh.experts, epr = ex / w;
+    for (int rank = 0; rank < w; ++rank) {
+      for (const bool interleaved : {false, true}) {
+        std::vector<int32_t> cnt(size_t(w) * ex);
+        std::uniform_int_distribution<int> pick(0, 3), small(0, 300);
+        for (auto& c : cnt) {
+          const int kind = pick(gen);
+          c = kind == 0 ? 0 : kind == 1 ? small(gen) % 5 : small(gen);
+        }
+        cnt[size_t(gen() % cnt.size())] = 5000 + int(gen() % 3000);  // a hot (source, expert)
+        int64_t rows_here = 0;
+        for (int s = 0; s < w; ++s)
+          for (int j = 0; j < epr; ++j) rows_here += cnt[size_t(s) * ex + rank * epr + j];
+        // Every other case cuts the local rows at max_rows (the overflow rule).
+        const int64_t max_rows = (rank + interleaved) % 2 ? std::max<int64_t>(1, rows_here * 2 / 3) : rows_here + 1000;
+        const int n0 = 3, n1 = 2;
+        SCOPED_TRACE("W " + std::to_string(w) + " E " + std::to_string(ex) + " rank " + std::to_string(rank) +
+                     (interleaved ? " interleaved" : "") + " max_rows " + std::to_string(max_rows));
+        const internal::PlanArrays got = internal::derive_plan_for_test(w, rank, ex, interleaved, cnt, n0, n1, max_rows);
+        const DispatchPlan plan{cnt.data(), w, ex};
+        const auto rot_expert = [&](int src, int i) {
+          return interleaved ? ((src + i % w) % w) * epr + i / w : (src * epr + i) % ex;
+        };
+        // Layer 0 and 1 schedules: groups walked in order, the rows past max_rows dropped.
+        int64_t rows = 0;
+        int t0 = 0, t1 = 0, lp = 0;
+        for (int j = 0; j < epr; ++j) {
+          const int x = rank * epr + j;
+          ASSERT_EQ(got.group_rows[j], plan.expert_rows(x)) << "group_rows[" << j << "]";
+          const int64_t lo = std::min(rows, max_rows), hi = std::min(rows + plan.expert_rows(x), max_rows);
+          ASSERT_EQ(got.row_prefix[j], lo) << "row_prefix[" << j << "]";
+          ASSERT_EQ(got.tile_prefix0[j], t0) << "tile_prefix0[" << j << "]";
+          ASSERT_EQ(got.tile_prefix1[j], t1) << "tile_prefix1[" << j << "]";
+          ASSERT_EQ(got.local_prefix0[j], lp) << "local_prefix0[" << j << "]";
+          t0 += int(cdiv(hi - lo, 128)) * n0;
+          t1 += int(cdiv(hi - lo, 128)) * n1;
+          lp += int(std::min<int64_t>(plan.count(rank, x), hi - lo) / 128) * n0;
+          rows += plan.expert_rows(x);
+        }
+        ASSERT_EQ(got.row_prefix[epr], std::min(rows, max_rows));
+        ASSERT_EQ(got.tile_prefix0[epr], t0);
+        ASSERT_EQ(got.tile_prefix1[epr], t1);
+        ASSERT_EQ(got.local_prefix0[epr], lp);
+        for (int x = 0; x < ex; ++x) ASSERT_EQ(got.block_begin[x], plan.block_begin(rank, x)) << "block_begin[" << x << "]";
+        int64_t sent = 0;
+        for (int i = 0; i <= ex; ++i) {
+          ASSERT_EQ(got.rows_base[i], sent) << "rows_base[" << i << "]";
+          if (i < ex) sent += plan.count(rank, rot_expert(rank, i));
+        }
+        for (int src = 0; src < w; ++src) {
+          int c = 0;
+          for (int i = 0; i <= ex; ++i) {
+            ASSERT_EQ(got.chunk_base[size_t(src) * (ex + 1) + i], c) << "chunk_base[" << src << "][" << i << "]";
+            if (i < ex) c += int(cdiv(plan.count(src, rot_expert(src, i)), 128));
+          }
+          int64_t from_src = 0;
+          for (int j = 0; j < epr; ++j) from_src += plan.count(src, rank * epr + j);
+          ASSERT_EQ(got.target[src], from_src * n1) << "target[" << src << "]";
+        }
+        std::vector<int> perm(size_t(w) * epr + 1);
+        plan.permute_bases(rank, 128, perm.data());
+        for (size_t q = 0; q < perm.size(); ++q) ASSERT_EQ(got.perm_base[q], perm[q]) << "perm_base[" << q << "]";
+      }
+    }
+  }
+}
+
 TEST(GpuMoeFfn, RejectsBadInput) {
   CCFUSE_REQUIRE_GPUS(1);  // one GPU: W = 1, where every E divides (the num_experts rule needs W >= 2)
   const int w = std::min(gpu_count(), kMaxMoeRanks);

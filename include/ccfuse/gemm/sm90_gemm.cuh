@@ -1015,6 +1015,16 @@ CCFUSE_HD constexpr int gather_a_offset(int row, int chunk, int stage) {
 }
 
 // Schedule::kHasFixup: tiles cut along K over several CTAs (KPartSchedule). Absent = no.
+// Schedule::kWaitsPriorGrid: the schedule's device arrays (a grouped schedule's prefixes) are
+// written by the kernel before it on the stream. With PDL (launch_gemm(..., pdl = true)) every
+// thread then waits (griddep_wait) after the CTA's setup and before the schedule is first read, so
+// that the launch, the CTA's residency and its barrier setup hide behind that kernel (the MoE
+// layer 0 behind its exchange kernel).
+template <class S, class = void>
+struct WaitsPriorGrid : std::false_type {};
+template <class S>
+struct WaitsPriorGrid<S, std::void_t<decltype(S::kWaitsPriorGrid)>> : std::bool_constant<S::kWaitsPriorGrid> {};
+
 template <class S, class = void>
 struct HasFixup : std::false_type {};
 template <class S>
@@ -1164,6 +1174,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     static_assert(Traits::kClusterM == 1, "side CTAs are built for unclustered launches");
     side_ctas = sched.num_side_ctas;
     if (int(blockIdx.x) < side_ctas) {
+      if constexpr (WaitsPriorGrid<Schedule>::value) griddep_wait();
       Schedule side = sched;  // run_side may keep state
       side.run_side(blockIdx.x);
       return;
@@ -1233,6 +1244,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sA = make_tensor(make_smem_ptr(ss.a), typename Traits::SmemLayoutA{});  // (BM, BK, stages)
   Tensor sB = make_tensor(make_smem_ptr(ss.b), typename Traits::SmemLayoutB{});  // (BN, BK, stages)
   const int k_tiles = (p.k + Traits::kBlockK - 1) / Traits::kBlockK;
+  if constexpr (WaitsPriorGrid<Schedule>::value) griddep_wait();  // before the schedule's first read
   int64_t num_units;
   if constexpr (kCluster > 1) num_units = sched.num_pairs();
   else num_units = sched.num_tiles();

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ccfuse/comm/team.h"
 #include "ccfuse/gemm/gemm.h"
@@ -190,5 +191,25 @@ class MoeFfn {
                          cudaStream_t stream);
   void run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only);
 };
+
+namespace internal {
+// What layer 0's exchange kernel derives from the counts matrix (for tests: any W <= 8 on one GPU,
+// no peers involved). counts: [W][E] entries of source s for expert e, as every rank sees it.
+struct PlanArrays {
+  std::vector<int32_t> group_rows;                       // [E_local]
+  std::vector<int64_t> row_prefix;                       // [E_local + 1]
+  std::vector<int32_t> tile_prefix0, tile_prefix1;       // [E_local + 1]
+  std::vector<int32_t> local_prefix0;                    // [E_local + 1]
+  std::vector<int32_t> chunk_base;                       // [W][E + 1]
+  std::vector<int64_t> rows_base;                        // [E + 1]
+  std::vector<int64_t> block_begin;                      // [E]
+  std::vector<int64_t> target;                           // [W]
+  std::vector<int32_t> perm_base;                        // [W * E_local + 1]
+};
+// Runs the derivation on the current GPU for `rank` of `world` (interleaved: the interleaved send
+// order, MoeFfnConfig::interleave_sends) with 128-row chunks and tiles.
+PlanArrays derive_plan_for_test(int world, int rank, int experts, bool interleaved, const std::vector<int32_t>& counts,
+                                int n_tiles0, int n_tiles1, int64_t max_rows);
+}  // namespace internal
 
 }  // namespace ccfuse::moe
