@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [moe_ncu_send] [grouped_ncu] [torch_mm] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [moe_ncu_send] [moe_ncu_prep] [grouped_ncu] [torch_mm] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -792,6 +792,30 @@ if [[ " $what " == *" moe_ncu_send "* ]]; then
       "$OUT/moe_ncu_send/$tag.txt" | head -30 | sed "s/^/$tag: /" >> "$OUT/moe_ncu_send_summary.log"
   done
   summary+=("moe ncu send: moe_ncu_send/*.txt moe_ncu_send_summary.log")
+fi
+if [[ " $what " == *" moe_ncu_prep "* ]]; then
+  # Layer 0's preparation kernels one by one (docs/perf-notes.md, 2026-12-06: the exchange step
+  # of l0pre grows with E): ncu's full set on the ranking, send-list and exchange kernels of one
+  # call (CCFUSE_MOE_DIAG=l0pre: no GEMM), Qwen3 (E = 128) and DeepSeek-like (E = 256) at 4096
+  # tokens, one GPU; the exchange kernel's per-SASS page (stalls by instruction).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  mkdir -p "$OUT/moe_ncu_prep"
+  : > "$OUT/moe_ncu_prep_summary.log"
+  for model in qwen3 deepseek; do
+    tag=$model-T4096-prep
+    CUDA_VISIBLE_DEVICES=0 CCFUSE_MOE_DIAG=l0pre timeout 200 $NCU --set full --clock-control none \
+      --kernel-name-base demangled --kernel-name "regex:exchange_kernel|chunk_rank_kernel|chunk_send_list_kernel" \
+      --launch-skip 3 --launch-count 3 -o "$OUT/moe_ncu_prep/$tag" $BIN/ccfuse_moe_ffn_bench --model $model \
+      --tokens 4096 --routing uniform --iters 1 --warmup 1 --sample 4 < /dev/null > "$OUT/moe_ncu_prep/$tag.run.log" 2>&1 || status=1
+    $NCU -i "$OUT/moe_ncu_prep/$tag.ncu-rep" --page details > "$OUT/moe_ncu_prep/$tag.txt" 2>&1
+    $NCU -i "$OUT/moe_ncu_prep/$tag.ncu-rep" --page source --csv --print-source sass \
+      --kernel-name-base demangled --kernel-name regex:exchange_kernel > "$OUT/moe_ncu_prep/$tag.exchange.sass.csv" 2>&1
+    gzip -f "$OUT/moe_ncu_prep/$tag.exchange.sass.csv"
+    rm -f "$OUT/moe_ncu_prep/$tag.ncu-rep"
+    grep -E "^  [a-z_:<>(), 0-9A-Za-z]*(kernel|Kernel)|Duration|Elapsed Cycles|Warp Cycles Per Issued|Registers Per" \
+      "$OUT/moe_ncu_prep/$tag.txt" | sed "s/^/$tag: /" >> "$OUT/moe_ncu_prep_summary.log"
+  done
+  summary+=("moe ncu prep: moe_ncu_prep/*.txt moe_ncu_prep_summary.log")
 fi
 if [[ " $what " == *" moe_ncu "* ]]; then
   # Layer 0 with rows read in place (MoeFfnConfig::gather_rows; docs/moe-layers.md) against the

@@ -202,16 +202,26 @@ __device__ void derive_plan(const Geometry& g, const int32_t* cnt, int32_t* erow
   }
 }
 
+// Every rank's counts matrix (symmetric memory), by value in the kernel's parameters: no pointer
+// table to load from device memory on the exchange's critical path.
+struct CountsPeers {
+  int32_t* p[kMaxMoeRanks];
+};
+
 // One CTA: push this rank's counts row into every rank's matrix, wait for every source's, then
-// derive the Plan (derive_plan).
-__global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32_t* counts_row, int32_t* const* counts_peers,
+// derive the Plan (derive_plan). The own row goes to shared memory as it is pushed; only the
+// peers' rows are read back after the wait (at W = 1 none). ~9 us at W = 1 (ncu, 2026-12-06):
+// a chain of dependent memory round trips and system-scope fences, then the scans.
+__global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32_t* counts_row, CountsPeers peers,
                                 Plan plan, int n_tiles0, int n_tiles1, int64_t max_rows) {
   griddep_launch_dependents();  // layer 0's GEMM may take its SMs now (it waits for this kernel's end)
   gemm::sm90::griddep_wait();   // the counts row and the call's epoch (the kernels before it)
+  extern __shared__ int32_t smem_counts[];  // [W][E], then expert rows [E], then kept rows [E_local]
   const epoch_t e = comm::current_epoch(sig);
-  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) {
-    const int p = i / g.experts, x = i % g.experts;
-    counts_peers[p][g.rank * g.experts + x] = counts_row[x];
+  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {
+    const int32_t v = counts_row[x];
+    smem_counts[g.rank * g.experts + x] = v;
+    for (int q = 0; q < g.world; ++q) peers.p[q][g.rank * g.experts + x] = v;
   }
   __syncthreads();
   bool ok = true;
@@ -223,9 +233,9 @@ __global__ void exchange_kernel(Geometry g, comm::DeviceSignals sig, const int32
     ok = comm::wait(sig, threadIdx.x, e, threadIdx.x);
   }
   if (!__syncthreads_and(ok ? 1 : 0)) return;  // watchdog: the host raises TimeoutError
-  extern __shared__ int32_t smem_counts[];  // [W][E], then expert rows [E], then kept rows [E_local]
-  const int32_t* counts = counts_peers[g.rank];
-  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x) smem_counts[i] = counts[i];
+  const int32_t* counts = peers.p[g.rank];
+  for (int i = threadIdx.x; i < g.world * g.experts; i += blockDim.x)
+    if (i / g.experts != g.rank) smem_counts[i] = counts[i];
   __syncthreads();
   derive_plan(g, smem_counts, smem_counts + g.world * g.experts, smem_counts + (g.world + 1) * g.experts, plan,
               n_tiles0, n_tiles1, max_rows);
@@ -1099,7 +1109,7 @@ struct MoeFfn::State {
   void* y = nullptr;
   Plan plan{};
   int32_t* counts_row = nullptr;
-  int32_t** counts_peers = nullptr;  // device array of W pointers
+  CountsPeers counts_peers{};  // every rank's counts matrix
   int32_t* send_list = nullptr;
   int32_t* entry_rank = nullptr;    // chunk_rank_kernel: [max_tokens * k]
   int32_t* chunk_counts = nullptr;  // chunk_rank_kernel: [chunks][E]
@@ -1261,7 +1271,6 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
     s.plan.unit_done = carve<int>(p, size_t(s.geo.max_chunks));
     s.plan.perm_base = carve<int>(p, size_t(w) * el + 1);
     s.counts_row = carve<int32_t>(p, ex);
-    s.counts_peers = carve<int32_t*>(p, w);
     s.send_list = carve<int32_t>(p, entries);
     s.entry_rank = carve<int32_t>(p, entries);
     s.chunk_counts = carve<int32_t>(p, size_t(ceil_div(entries, kPrepChunk)) * ex);
@@ -1272,9 +1281,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   const size_t bytes = carve_all(0);
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.scratch, bytes));
   carve_all(reinterpret_cast<uintptr_t>(s.scratch));
-  std::vector<int32_t*> peers(static_cast<size_t>(w));
-  for (int r = 0; r < w; ++r) peers[size_t(r)] = static_cast<int32_t*>(s.counts->peer(r));
-  CCFUSE_CUDA_CHECK(cudaMemcpy(s.counts_peers, peers.data(), size_t(w) * sizeof(int32_t*), cudaMemcpyHostToDevice));
+  for (int r = 0; r < w; ++r) s.counts_peers.p[r] = static_cast<int32_t*>(s.counts->peer(r));
 }
 
 MoeFfn::~MoeFfn() = default;

@@ -61,7 +61,13 @@ __device__ void grouped_prefix_warp(RowsOf rows_of, int num_groups, int n_tiles,
     if (r < 0) r = 0;
     const int64_t incl = warp_inclusive_scan(r, lane);
     const int64_t lo = min(rows_carry + incl - r, max_rows), hi = min(rows_carry + incl, max_rows);
-    const int t = g < num_groups ? int((hi - lo + block_m - 1) / block_m) * n_tiles : 0;
+    // Row tiles of the kept rows; a 32-bit division where they fit (a 64-bit one by a runtime
+    // divisor is a slow-path call, on the scan's critical path).
+    const int64_t kept_rows = hi - lo;
+    const int row_tiles = kept_rows < (int64_t(1) << 31)
+                              ? int((uint32_t(kept_rows) + uint32_t(block_m - 1)) / uint32_t(block_m))
+                              : int((kept_rows + block_m - 1) / block_m);
+    const int t = g < num_groups ? row_tiles * n_tiles : 0;
     const int t_incl = warp_inclusive_scan(t, lane);
     if (g < num_groups) {
       if (row_prefix) row_prefix[g] = lo;
