@@ -1289,9 +1289,13 @@ MoeFfn::~MoeFfn() = default;
 internal::PlanArrays internal::derive_plan_for_test(int world, int rank, int experts, bool interleaved,
                                                 const std::vector<int32_t>& counts, int n_tiles0, int n_tiles1,
                                                 int64_t max_rows) {
-  CCFUSE_ARG_CHECK(world >= 1 && world <= 8 && rank >= 0 && rank < world && experts > 0 && experts % world == 0,
-                   "derive_plan_for_test: world ", world, ", rank ", rank, ", experts ", experts);
-  CCFUSE_ARG_CHECK(counts.size() == size_t(world) * size_t(experts), "derive_plan_for_test: counts must be [W][E]");
+  CCFUSE_ARG_CHECK(world >= 1 && world <= kMaxMoeRanks, "derive_plan_for_test: world ", world, " must be in [1, ",
+                   kMaxMoeRanks, "]");
+  CCFUSE_ARG_CHECK(rank >= 0 && rank < world, "derive_plan_for_test: rank ", rank, " must be in [0, world = ", world, ")");
+  CCFUSE_ARG_CHECK(experts > 0 && experts % world == 0, "derive_plan_for_test: experts ", experts,
+                   " must be a positive multiple of world = ", world);
+  CCFUSE_ARG_CHECK(counts.size() == size_t(world) * size_t(experts), "derive_plan_for_test: counts has ", counts.size(),
+                   " entries, must be world * experts = ", size_t(world) * size_t(experts));
   Geometry g;
   g.world = world;
   g.rank = rank;
