@@ -448,6 +448,83 @@ __device__ __forceinline__ void prefetch_row_l2(const E* row, int bytes, int lan
   for (int b = lane * 128; b < bytes; b += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
 }
 
+// Bulk copies (TMA's cp.async.bulk) of the striped dispatch (MoeFfnConfig::bulk_dispatch): global
+// -> shared memory, completing on an mbarrier, and shared -> global in bulk groups. Shared
+// addresses are 32-bit `.shared::cta` ones.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n\t.reg .pred done;\n"
+      "WAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// A send warp's ring of shared-memory slots for bulk copies: `slots` slots of `slot_bytes`, each
+// with its mbarrier; `uses` counts the pieces loaded so far (slot = uses % slots, its barrier's
+// parity = (uses / slots) & 1). Planned from the engine's spare regions (gemm::sm90::SendSmem):
+// the mbarriers of all send warps at the start of the tail region (the first where there is no
+// tail), then the slots, region after region, dealt to the warps in blocks.
+struct BulkRing {
+  static constexpr int kMaxSlots = 8;
+  static constexpr int kBarrierBytes = 256;  // 4 send warps x 8 mbarriers at most
+  uint32_t bar0 = 0;                         // this warp's first mbarrier
+  uint32_t region[2] = {0, 0};
+  int region_slots[2] = {0, 0};
+  int first = 0;  // this warp's first slot in the region-after-region numbering
+  int slots = 0, slot_bytes = 0;
+  uint32_t uses = 0;
+  __device__ uint32_t slot_addr(int i) const {
+    const int j = first + i;
+    return j < region_slots[0] ? region[0] + uint32_t(j * slot_bytes)
+                               : region[1] + uint32_t((j - region_slots[0]) * slot_bytes);
+  }
+  __device__ uint32_t bar(int i) const { return bar0 + 8u * uint32_t(i); }
+  // Plans the ring (every lane the same) and lane 0 initialises this warp's barriers; slots < 2
+  // means no ring (the copy goes through registers).
+  __device__ void plan(const gemm::sm90::SendSmem& spare, int row_bytes, int warp, int warps, int lane) {
+    slot_bytes = row_bytes < 4096 ? row_bytes : 4096;  // rows are multiples of 512 bytes (H % 256 == 0)
+    int bytes[2] = {spare.bytes[0], spare.bytes[1]};
+    char* ptr[2] = {spare.ptr[0], spare.ptr[1]};
+    const int bar_region = bytes[1] > 0 ? 1 : 0;  // the tail: 18 KB on layer 0's tile, 4 slots with or without them
+    if (bytes[bar_region] < kBarrierBytes || warps > kBarrierBytes / (8 * kMaxSlots)) return;
+    const uint32_t bars = uint32_t(__cvta_generic_to_shared(ptr[bar_region]));
+    ptr[bar_region] += kBarrierBytes;
+    bytes[bar_region] -= kBarrierBytes;
+    int total = 0;
+    for (int r = 0; r < 2; ++r) {
+      region[r] = bytes[r] > 0 ? uint32_t(__cvta_generic_to_shared(ptr[r])) : 0u;
+      region_slots[r] = bytes[r] > 0 ? bytes[r] / slot_bytes : 0;
+      total += region_slots[r];
+    }
+    slots = min(kMaxSlots, total / warps);
+    if (slots < 2) {
+      slots = 0;
+      return;
+    }
+    first = warp * slots;
+    bar0 = bars + uint32_t(warp * kMaxSlots * 8);
+    if (lane == 0) {
+      for (int i = 0; i < slots; ++i) mbar_init(bar(i));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+  }
+};
+
 // ---- layer 0 -------------------------------------------------------------------------------
 
 // The grouped schedule over the local experts; a tile's producer waits for the dispatch chunks
@@ -636,7 +713,62 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // tokens, 1.067 -> 0.696 at 16384; layer 0 -3.4 to -5 %; DeepSeek-like and Mixtral level.
   int stripe_rows = 16;
   uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
-  __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
+  // Bulk copies (MoeFfnConfig::bulk_dispatch): each send warp moves its rows through a ring of
+  // shared-memory slots (BulkRing) with cp.async.bulk, in 4 KB pieces, up to 8 pieces a warp in
+  // flight, where copy_row holds one row (4 KB) a warp in registers: what bounds the copy is
+  // bytes in flight (2026-12-02, docs/perf-notes.md). Lane 0 issues; the warp walks the same
+  // pieces for the shuffles of their rows' pointers. The round's stores complete (and are
+  // ordered before the generic proxy) before the round's fence.
+  bool bulk = false;
+  __device__ void bulk_round(BulkRing& ring, const E* my_from, E* my_to, bool copies, int row_bytes, int lane) const {
+    const unsigned mask = __ballot_sync(0xffffffffu, copies);
+    const int rows = __popc(mask), pieces_a_row = (row_bytes + ring.slot_bytes - 1) / ring.slot_bytes;
+    const int n = rows * pieces_a_row, S = ring.slots;
+    const uint32_t u0 = ring.uses;
+    // Piece q: row q / pieces_a_row of the round's copying rows (lane __fns(mask, 0, r + 1)).
+    const auto piece = [&](int q, const char*& from, char*& to, int& bytes) {
+      const int r = q / pieces_a_row, k = q % pieces_a_row;
+      const int src_lane = int(__fns(mask, 0u, r + 1));
+      from = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_from), src_lane));
+      to = reinterpret_cast<char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_to), src_lane));
+      from += int64_t(k) * ring.slot_bytes;
+      to += int64_t(k) * ring.slot_bytes;
+      bytes = min(ring.slot_bytes, row_bytes - k * ring.slot_bytes);
+    };
+    const auto load = [&](int q) {
+      const char* from;
+      char* to;
+      int bytes;
+      piece(q, from, to, bytes);
+      const int slot = int((u0 + uint32_t(q)) % uint32_t(S));
+      if (lane == 0) bulk_load(ring.slot_addr(slot), from, bytes, ring.bar(slot));
+    };
+    for (int q = 0; q < n && q < S; ++q) load(q);
+    for (int q = 0; q < n; ++q) {
+      const char* from;
+      char* to;
+      int bytes;
+      piece(q, from, to, bytes);
+      const uint32_t u = u0 + uint32_t(q);
+      const int slot = int(u % uint32_t(S));
+      if (lane == 0) {
+        mbar_wait(ring.bar(slot), (u / uint32_t(S)) & 1u);
+        bulk_store(to, ring.slot_addr(slot), bytes);
+      }
+      // Piece q - 1's slot again, once its store has read it (store q may still be reading).
+      if (q >= 1 && q - 1 + S < n) {
+        if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        load(q - 1 + S);
+      }
+    }
+    ring.uses = u0 + uint32_t(n);
+    if (lane == 0) {
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the round's rows written
+      asm volatile("fence.proxy.async.global;" ::: "memory");    // ... before the generic-proxy fence
+    }
+  }
+  __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads,
+                                const gemm::sm90::SendSmem& spare) const {
     const epoch_t e = comm::current_epoch(sig);
     const uint64_t t0 = pace_start(spread_ns);
     const int* base = chunk_base + geo.rank * (geo.experts + 1);
@@ -644,6 +776,8 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int64_t total_rows = rows_base[geo.experts], g_warps = num_ctas * (num_threads / 32);
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
     const int row_bytes = int(geo.hidden * int64_t(sizeof(E)));
+    BulkRing ring;
+    if (bulk) ring.plan(spare, row_bytes, warp, num_threads / 32, lane);
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
       const int rows_here = int(min(int64_t(stripe_rows), (total_rows - 1 - i0) / g_warps + 1));
@@ -679,12 +813,16 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       // Each row's data into L2 one row ahead of its copy. (Four rows ahead measured no faster:
       // the dispatch alone 0.172-0.174 ms against 0.172-0.173, Qwen3 at 4096 tokens, W = 1, one
       // H100, 2026-12-06.)
-      if (rows_here > 0) prefetch_row_l2(from_of(0), row_bytes, lane);
-      for (int j = 0; j < rows_here; ++j) {
-        const E* from = from_of(j);
-        E* to = reinterpret_cast<E*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_to), j));
-        if (j + 1 < rows_here) prefetch_row_l2(from_of(j + 1), row_bytes, lane);
-        if (to != nullptr) copy_row(from, to, vecs, lane);
+      if (ring.slots >= 2) {
+        bulk_round(ring, my_from, my_to, lane < rows_here && my_to != nullptr, row_bytes, lane);
+      } else {
+        if (rows_here > 0) prefetch_row_l2(from_of(0), row_bytes, lane);
+        for (int j = 0; j < rows_here; ++j) {
+          const E* from = from_of(j);
+          E* to = reinterpret_cast<E*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_to), j));
+          if (j + 1 < rows_here) prefetch_row_l2(from_of(j + 1), row_bytes, lane);
+          if (to != nullptr) copy_row(from, to, vecs, lane);
+        }
       }
       __syncwarp();  // every lane's stores before lane 0's fence
       if (lane == 0) {
@@ -705,14 +843,16 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     }
   }
 
-  __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads) const {
+  static constexpr bool kSendSmem = true;  // send_prologue gets the GEMM's spare shared memory
+  __device__ void send_prologue(int64_t cta, int64_t num_ctas, int tid, int num_threads,
+                                const gemm::sm90::SendSmem& spare) const {
     if (diag_no_send) return;
     if (allgather) {
       ag_prologue(cta, num_ctas, tid, num_threads);
       return;
     }
     if (striped) {
-      striped_sends(cta, num_ctas, tid, num_threads);
+      striped_sends(cta, num_ctas, tid, num_threads, spare);
       return;
     }
     const epoch_t e = comm::current_epoch(sig);
@@ -1102,6 +1242,7 @@ struct MoeFfn::State {
   bool l1_pp = false;                              // resolved MoeFfnConfig::l1_pingpong
   int l1_block_n = 256;                            // layer 1's tile width (128 with ping-pong)
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
+  bool bulk = false;                               // resolved MoeFfnConfig::bulk_dispatch
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, send_list, ranks, dispatch workspace (all-gather)
@@ -1150,6 +1291,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
                    " must be -1 (per call), 0 (expert order) or 1 (local-first)");
   CCFUSE_ARG_CHECK(cfg.striped_dispatch >= -1 && cfg.striped_dispatch <= 1, "striped_dispatch ", cfg.striped_dispatch,
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
+  CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 1, "bulk_dispatch ", cfg.bulk_dispatch,
+                   " must be -1 (by world size), 0 (through registers) or 1 (bulk copies)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
   CCFUSE_ARG_CHECK(cfg.dispatch_spread_us >= 0 && cfg.dispatch_spread_us <= 100000, "dispatch_spread_us ",
@@ -1194,6 +1337,9 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
   s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
+  s.bulk = cfg.bulk_dispatch > 0 || (cfg.bulk_dispatch < 0 && auto_bulk_dispatch(w));
+  if (const char* v = std::getenv("CCFUSE_MOE_BULK_DISPATCH"); v != nullptr && cfg.bulk_dispatch < 0)
+    s.bulk = std::strcmp(v, "0") != 0;  // an A/B switch for the benches (the default's choice only)
   s.geo.max_tokens = d.max_tokens;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
@@ -1548,6 +1694,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.rows_base = s.plan.rows_base;
     epi.block_begin = s.plan.block_begin;
     epi.striped = s.striped;
+    epi.bulk = s.bulk;
     epi.unit_done = s.plan.unit_done;
     epi.stripe_rows = s.cfg.stripe_rows;
     epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;

@@ -139,6 +139,12 @@ bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bo
   return world_size > 1 && !interleaved_sends && !striped && tokens <= MoeTunerConstants::kLocalFirstMaxTokens;
 }
 
+bool auto_bulk_dispatch(int world_size) {
+  // Written 2026-12-06 and measured at W = 1 only (one GPU lent): not yet chosen where peers'
+  // rows go over NVLink.
+  return world_size == 1;
+}
+
 bool auto_striped(int64_t row_bytes, int world_size) {
   (void)world_size;  // W = 1 too (its local copy), measured 2026-12-02
   return row_bytes >= MoeTunerConstants::kStripedMinRowBytes;

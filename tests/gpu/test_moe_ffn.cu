@@ -95,6 +95,7 @@ struct Case {
   int local_first = -1;  // MoeFfnConfig::local_first
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
+  int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, bulk copies at W = 1)
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
   int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by H, ping-pong from 4096)
 };
@@ -289,6 +290,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.local_first = c.local_first;
     config.striped_dispatch = c.striped;
     config.stripe_rows = c.stripe_rows;
+    config.bulk_dispatch = c.bulk;
     config.dispatch_spread_us = c.dispatch_spread_us;
     config.l1_pingpong = c.l1_pingpong;
     config.interleave_sends = c.interleave_sends;
@@ -527,6 +529,28 @@ std::vector<Case> cases() {
   stripe32.name = "striped_32_rows_a_round_top8";
   stripe32.stripe_rows = 32;
   v.push_back(stripe32);
+  // The striped dispatch's bulk copies through shared memory (MoeFfnConfig::bulk_dispatch, written
+  // 2026-12-06) and its copy through registers, both forced at any W: rows of 4.5 KB (a 4 KB piece
+  // and a 512-byte one, a ring of 4 KB slots), 1 KB rows without SwiGLU (the ring only in the
+  // shared memory past the GEMM's, 1 KB slots), top-8 with a rank without tokens.
+  Case bulk_split{"striped_bulk_rows_of_two_pieces", 2304, 256, 8, 4, true, BLayout::kNK, Route::kZipf, {600, 350},
+                  0, 0.05, 0, 0, presum};
+  bulk_split.striped = 1;
+  bulk_split.bulk = 1;
+  v.push_back(bulk_split);
+  Case bulk_noglu{"striped_bulk_no_swiglu_tail_only", 512, 256, 8, 2, false, BLayout::kKN, Route::kUniform,
+                  {900, 500}, 0, 0, 0, 0, presum};
+  bulk_noglu.striped = 1;
+  bulk_noglu.bulk = 1;
+  v.push_back(bulk_noglu);
+  Case bulk_top8 = striped_top8;
+  bulk_top8.name = "striped_bulk_top8_rank0_empty";
+  bulk_top8.bulk = 1;
+  v.push_back(bulk_top8);
+  Case registers = striped;
+  registers.name = "striped_through_registers";
+  registers.bulk = 0;
+  v.push_back(registers);
   // Layer 0's dispatch paced (MoeFfnConfig::dispatch_spread_us, experiment 2026-11-30), striped
   // and by units: rows arrive over 200 us instead of at once.
   Case paced_striped = striped;
@@ -678,6 +702,8 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     };
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 0; })); }, "stripe_rows");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 33; })); }, "stripe_rows");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.bulk_dispatch = 2; })); },
+                    "bulk_dispatch");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.local_first = 2; })); }, "local_first");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.dispatch_spread_us = -1; })); },
                     "dispatch_spread_us");

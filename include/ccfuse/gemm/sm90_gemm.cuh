@@ -375,6 +375,11 @@ inline KPartSchedule split_k_schedule(const PlainSchedule& base, int k_tiles, in
 //                 system-scope fence.
 //                 Before the first tile the send warps run send_prologue(cta, num_ctas, thread,
 //                 96) (AllGather+GEMM pushes this rank's A rows to its peers there).
+//   kSendSmem     (with kHasSendWarps) send_prologue takes a fifth argument, a SendSmem: the
+//                 shared memory the CTA has and the GEMM does not use (the staging buffer's half
+//                 that SiLU-and-mul leaves unwritten, and what the 227 KiB allow past the
+//                 SharedStorage, which launch_gemm then asks for). MoE layer 0's dispatch moves
+//                 rows through it with bulk copies.
 //   kHasAddends   has_addends(w): this tile sums partial tiles from memory before its store;
 //                 wait_addends(w) (one consumer thread, then a barrier of the consumers) waits
 //                 until they are written; there are num_addends(w), addend(w,
@@ -1025,6 +1030,29 @@ struct WaitsPriorGrid : std::false_type {};
 template <class S>
 struct WaitsPriorGrid<S, std::void_t<decltype(S::kWaitsPriorGrid)>> : std::bool_constant<S::kWaitsPriorGrid> {};
 
+// Epilogue::kSendSmem (see "Epilogues" above): up to two regions of shared memory for the send
+// warps, 128-byte aligned, in bytes; empty ones have bytes = 0.
+struct SendSmem {
+  char* ptr[2] = {nullptr, nullptr};
+  int bytes[2] = {0, 0};
+};
+template <class E, class = void>
+struct HasSendSmem : std::false_type {};
+template <class E>
+struct HasSendSmem<E, std::void_t<decltype(E::kSendSmem)>> : std::bool_constant<E::kSendSmem> {};
+// The most dynamic shared memory a CTA may have on sm_90 (227 KiB).
+constexpr int kMaxCtaSmem = 232448;
+// Bytes past Traits::SharedStorage that launch_gemm asks for on the send warps' behalf.
+template <class Traits, class Epilogue>
+constexpr int send_smem_tail() {
+  if constexpr (HasSendSmem<Epilogue>::value) return int((kMaxCtaSmem - int(Traits::kSmemBytes)) / 128 * 128);
+  else return 0;
+}
+template <class Traits, class Epilogue>
+constexpr int dynamic_smem_bytes() {
+  return int(Traits::kSmemBytes) + send_smem_tail<Traits, Epilogue>();
+}
+
 template <class S, class = void>
 struct HasFixup : std::false_type {};
 template <class S>
@@ -1398,7 +1426,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // barrier (a no-op unless launched with PDL).
         griddep_wait();
         // Work that does not wait for any tile first (AllGather+GEMM: pushing this rank's A).
-        epi.send_prologue(gemm_cta, gemm_ctas, st, kSendThreads);
+        if constexpr (HasSendSmem<Epilogue>::value) {
+          // The staging buffer's columns past the activation's output (SiLU-and-mul writes half
+          // of them) and the tail past SharedStorage.
+          SendSmem spare;
+          constexpr bool kHalfStaging = Epilogue::kAct == Activation::kSiluMul && Traits::kTmaStore &&
+                                        !Traits::kPingpong && Traits::kStagingRing == 0 &&
+                                        !HasTmaAddends<Epilogue>::value;
+          if constexpr (kHalfStaging) {
+            constexpr int kUsed = (Traits::kBlockN / 2 / Traits::kStoreCols) * Traits::kStoreSubBytes;
+            spare.ptr[0] = reinterpret_cast<char*>(ss.c) + kUsed;
+            spare.bytes[0] = int(sizeof(ss.c)) - kUsed;
+          }
+          constexpr int kTail = send_smem_tail<Traits, Epilogue>();
+          if constexpr (kTail > 0) {
+            spare.ptr[1] = smem_raw + Traits::kSmemBytes;
+            spare.bytes[1] = kTail;
+          }
+          epi.send_prologue(gemm_cta, gemm_ctas, st, kSendThreads, spare);
+        } else {
+          epi.send_prologue(gemm_cta, gemm_ctas, st, kSendThreads);
+        }
         uint32_t handed = 0;
         for (int64_t t = unit_start; t < num_units; t += unit_stride) {
           const TileWork w = work_of(t);
@@ -1741,6 +1789,8 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                                        typename Traits::SmemLayoutC{}(_, _, 0));
   Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
+  constexpr int kSmem = dynamic_smem_bytes<Traits, Epilogue>();
+  static_assert(kSmem <= kMaxCtaSmem, "shared memory of one CTA past the 227 KiB of sm_90");
   // The shared-memory attribute once per kernel and device (it is per device; every call paid
   // for it before, on the host, which counts in a fused op's time when the GPU waits for it).
   static std::atomic<uint64_t> attribute_set{0};
@@ -1749,7 +1799,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
   if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaGetDevice: ", cudaGetErrorString(err)));
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit == 0 || (attribute_set.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes));
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) throw Error(detail::str_cat("gemm: cudaFuncSetAttribute: ", cudaGetErrorString(err)));
     attribute_set.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -1762,7 +1812,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     if (gemm_ctas <= 0 && side == 0) return;
     if (gemm_ctas <= 0) throw Error(detail::str_cat("gemm: no SM left for the GEMM (", grid_sms, " SMs, ", side, " side CTAs)"));
     if (!pdl) {
-      kernel<<<gemm_ctas + side, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt,
+      kernel<<<gemm_ctas + side, Traits::kThreads, kSmem, stream>>>(p, sched, epi, tma_a, tma_b, tma_a_alt,
                                                                                  tma_c, tma_c_alt);
     } else {
       // Programmatic dependent launch: may start before the previous kernel on the stream ends
@@ -1775,7 +1825,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
       config.numAttrs = 1;
       config.gridDim = dim3(unsigned(gemm_ctas + side));
       config.blockDim = dim3(Traits::kThreads);
-      config.dynamicSmemBytes = Traits::kSmemBytes;
+      config.dynamicSmemBytes = kSmem;
       config.stream = stream;
       err = cudaLaunchKernelEx(&config, kernel, p, sched, epi, tma_a, tma_b, tma_a_alt, tma_c, tma_c_alt);
       if (err != cudaSuccess) throw Error(detail::str_cat("gemm: PDL launch failed: ", cudaGetErrorString(err)));
@@ -1793,7 +1843,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
     config.attrs = attr;
     config.numAttrs = 1;
     config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.dynamicSmemBytes = kSmem;
     config.stream = stream;
     // A persistent grid must fit at once: clusters are placed within a GPC, so fewer than
     // SMs / 2 of them may be co-resident.

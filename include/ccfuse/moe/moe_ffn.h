@@ -113,6 +113,13 @@ struct MoeFfnConfig {
   // rows per fence for small rows, coarser arrival order). 16 (MoeTunerConstants::kStripeRows):
   // measured 2026-11-30 against 4 and 8, faster for 4 KB rows, even for 8-14 KB.
   int stripe_rows = 16;
+  // Striped dispatch: 1 = each send warp moves its rows by bulk copies (cp.async.bulk) through a
+  // ring of shared-memory slots that layer 0's GEMM leaves free (up to 8 pieces of 4 KB a warp in
+  // flight; with SwiGLU the staging buffer's unused half and the 227 KiB's tail, 12 slots a CTA);
+  // 0 = through registers (one row a warp in flight); -1 = moe::auto_bulk_dispatch. Where a warp
+  // gets fewer than 2 slots (no SwiGLU: only the tail) it copies through registers anyway.
+  // Written 2026-12-06 (docs/moe-layers.md, "Bulk copies").
+  int bulk_dispatch = -1;
   // EXPERIMENT (2026-11-30, opt-in): layer 0's all-to-all dispatch paced over this many
   // microseconds (send-list row i, or unit u, not before the dispatch's start + i / n of it)
   // instead of one burst, as ag_gemm's push since v3.5 (docs/tp-fusion.md): the burst slows the
@@ -151,7 +158,7 @@ class MoeFfn {
  public:
   // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
   // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; local_first and
-  // striped_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
+  // striped_dispatch and bulk_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
   // in [-1, 1], and 1 only with the pre-sum after the GEMM and tma_store; H a positive
   // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
   // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
