@@ -719,7 +719,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // bytes in flight (2026-12-02, docs/perf-notes.md). Lane 0 issues; the warp walks the same
   // pieces for the shuffles of their rows' pointers. The round's stores complete (and are
   // ordered before the generic proxy) before the round's fence.
-  bool bulk = false;
+  // 0: registers; 1: bulk loads and bulk stores; 2: bulk loads, the lanes' 16-byte stores from the
+  // slot (the stores then leave the TMA unit to the loads and the GEMM).
+  int bulk = 0;
   __device__ void bulk_round(BulkRing& ring, const E* my_from, E* my_to, bool copies, int row_bytes, int lane) const {
     const unsigned mask = __ballot_sync(0xffffffffu, copies);
     const int rows = __popc(mask), pieces_a_row = (row_bytes + ring.slot_bytes - 1) / ring.slot_bytes;
@@ -744,6 +746,32 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
       if (lane == 0) bulk_load(ring.slot_addr(slot), from, bytes, ring.bar(slot));
     };
     for (int q = 0; q < n && q < S; ++q) load(q);
+    if (bulk == 2) {
+      for (int q = 0; q < n; ++q) {
+        const char* from;
+        char* to;
+        int bytes;
+        piece(q, from, to, bytes);
+        const uint32_t u = u0 + uint32_t(q);
+        const int slot = int(u % uint32_t(S));
+        mbar_wait(ring.bar(slot), (u / uint32_t(S)) & 1u);  // every lane: its loads below see the slot
+        const uint32_t src = ring.slot_addr(slot);
+        for (int c = lane; c < bytes / 16; c += 32) {
+          int4 v;
+          asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(src + 16u * uint32_t(c)));
+          store_global(reinterpret_cast<int4*>(to) + c, v);
+        }
+        __syncwarp();  // every lane has read the slot
+        if (q + S < n) {
+          if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads before the TMA's writes
+          load(q + S);
+        }
+      }
+      ring.uses = u0 + uint32_t(n);
+      return;
+    }
     for (int q = 0; q < n; ++q) {
       const char* from;
       char* to;
@@ -777,7 +805,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
     const int row_bytes = int(geo.hidden * int64_t(sizeof(E)));
     BulkRing ring;
-    if (bulk) ring.plan(spare, row_bytes, warp, num_threads / 32, lane);
+    if (bulk > 0) ring.plan(spare, row_bytes, warp, num_threads / 32, lane);
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
       const int rows_here = int(min(int64_t(stripe_rows), (total_rows - 1 - i0) / g_warps + 1));
@@ -1242,7 +1270,7 @@ struct MoeFfn::State {
   bool l1_pp = false;                              // resolved MoeFfnConfig::l1_pingpong
   int l1_block_n = 256;                            // layer 1's tile width (128 with ping-pong)
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
-  bool bulk = false;                               // resolved MoeFfnConfig::bulk_dispatch
+  int bulk = 0;                                    // resolved MoeFfnConfig::bulk_dispatch
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, send_list, ranks, dispatch workspace (all-gather)
@@ -1291,8 +1319,9 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
                    " must be -1 (per call), 0 (expert order) or 1 (local-first)");
   CCFUSE_ARG_CHECK(cfg.striped_dispatch >= -1 && cfg.striped_dispatch <= 1, "striped_dispatch ", cfg.striped_dispatch,
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
-  CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 1, "bulk_dispatch ", cfg.bulk_dispatch,
-                   " must be -1 (by world size), 0 (through registers) or 1 (bulk copies)");
+  CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 2, "bulk_dispatch ", cfg.bulk_dispatch,
+                   " must be -1 (by world size), 0 (through registers), 1 (bulk copies) or 2 (bulk loads, "
+                   "stores by the lanes)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
   CCFUSE_ARG_CHECK(cfg.dispatch_spread_us >= 0 && cfg.dispatch_spread_us <= 100000, "dispatch_spread_us ",
@@ -1337,9 +1366,9 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
   s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
-  s.bulk = cfg.bulk_dispatch > 0 || (cfg.bulk_dispatch < 0 && auto_bulk_dispatch(w));
+  s.bulk = cfg.bulk_dispatch >= 0 ? cfg.bulk_dispatch : (auto_bulk_dispatch(w) ? 1 : 0);
   if (const char* v = std::getenv("CCFUSE_MOE_BULK_DISPATCH"); v != nullptr && cfg.bulk_dispatch < 0)
-    s.bulk = std::strcmp(v, "0") != 0;  // an A/B switch for the benches (the default's choice only)
+    s.bulk = std::atoi(v) >= 0 && std::atoi(v) <= 2 ? std::atoi(v) : s.bulk;  // an A/B switch for the benches
   s.geo.max_tokens = d.max_tokens;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;
