@@ -473,52 +473,45 @@ __device__ __forceinline__ void bulk_store(void* dst, uint32_t src, int bytes) {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 
-// A send warp's ring of shared-memory slots for bulk copies: `slots` slots of `slot_bytes`, each
-// with its mbarrier; `uses` counts the pieces loaded so far (slot = uses % slots, its barrier's
-// parity = (uses / slots) & 1). Planned from the engine's spare regions (gemm::sm90::SendSmem):
-// the mbarriers of all send warps at the start of the tail region (the first where there is no
-// tail), then the slots, region after region, dealt to the warps in blocks.
+// A send warp's ring of shared-memory slots for bulk copies, planned from the engine's spare
+// regions (gemm::sm90::SendSmem). Each warp has a control block at the start of the tail region
+// (the first region where there is no tail): its slots' mbarriers, their shared addresses, and a
+// table of the round's rows (source and destination pointers, written by the lanes, walked by
+// lane 0); then the slots, region after region, dealt to the warps in blocks of `slots`. Slots
+// are used round-robin across rounds: `slot` is the next, `parity` its mbarrier's phase parity.
 struct BulkRing {
-  static constexpr int kMaxSlots = 8;
-  static constexpr int kBarrierBytes = 256;  // 4 send warps x 8 mbarriers at most
-  uint32_t bar0 = 0;                         // this warp's first mbarrier
-  uint32_t region[2] = {0, 0};
-  int region_slots[2] = {0, 0};
-  int first = 0;  // this warp's first slot in the region-after-region numbering
-  int slots = 0, slot_bytes = 0;
-  uint32_t uses = 0;
-  __device__ uint32_t slot_addr(int i) const {
-    const int j = first + i;
-    return j < region_slots[0] ? region[0] + uint32_t(j * slot_bytes)
-                               : region[1] + uint32_t((j - region_slots[0]) * slot_bytes);
-  }
-  __device__ uint32_t bar(int i) const { return bar0 + 8u * uint32_t(i); }
-  // Plans the ring (every lane the same) and lane 0 initialises this warp's barriers; slots < 2
-  // means no ring (the copy goes through registers).
+  static constexpr int kMaxSlots = 8, kMaxWarps = 4;
+  static constexpr int kSlotTable = 8 * kMaxSlots, kRowTable = kSlotTable + 4 * kMaxSlots + 32;  // 64, 128
+  static constexpr int kControlBytes = kRowTable + 16 * 32;                                       // 640
+  uint32_t ctl = 0;  // this warp's control block
+  int slots = 0, slot_bytes = 0, slot = 0;
+  uint32_t parity = 0;
+  // Every lane the same; lane 0 initialises the barriers and the slot table. slots < 2: no ring
+  // (the copy goes through registers).
   __device__ void plan(const gemm::sm90::SendSmem& spare, int row_bytes, int warp, int warps, int lane) {
     slot_bytes = row_bytes < 4096 ? row_bytes : 4096;  // rows are multiples of 512 bytes (H % 256 == 0)
     int bytes[2] = {spare.bytes[0], spare.bytes[1]};
     char* ptr[2] = {spare.ptr[0], spare.ptr[1]};
-    const int bar_region = bytes[1] > 0 ? 1 : 0;  // the tail: 18 KB on layer 0's tile, 4 slots with or without them
-    if (bytes[bar_region] < kBarrierBytes || warps > kBarrierBytes / (8 * kMaxSlots)) return;
-    const uint32_t bars = uint32_t(__cvta_generic_to_shared(ptr[bar_region]));
-    ptr[bar_region] += kBarrierBytes;
-    bytes[bar_region] -= kBarrierBytes;
-    int total = 0;
-    for (int r = 0; r < 2; ++r) {
-      region[r] = bytes[r] > 0 ? uint32_t(__cvta_generic_to_shared(ptr[r])) : 0u;
-      region_slots[r] = bytes[r] > 0 ? bytes[r] / slot_bytes : 0;
-      total += region_slots[r];
-    }
+    const int c = bytes[1] > 0 ? 1 : 0;
+    if (warps > kMaxWarps || bytes[c] < warps * kControlBytes) return;
+    const uint32_t control = uint32_t(__cvta_generic_to_shared(ptr[c]));
+    ptr[c] += warps * kControlBytes;
+    bytes[c] -= warps * kControlBytes;
+    const int n0 = bytes[0] / slot_bytes, total = n0 + bytes[1] / slot_bytes;
     slots = min(kMaxSlots, total / warps);
     if (slots < 2) {
       slots = 0;
       return;
     }
-    first = warp * slots;
-    bar0 = bars + uint32_t(warp * kMaxSlots * 8);
+    ctl = control + uint32_t(warp * kControlBytes);
     if (lane == 0) {
-      for (int i = 0; i < slots; ++i) mbar_init(bar(i));
+      for (int i = 0; i < slots; ++i) {
+        const int j = warp * slots + i;
+        const char* at = j < n0 ? ptr[0] + j * slot_bytes : ptr[1] + (j - n0) * slot_bytes;
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(ctl + kSlotTable + 4u * i), "r"(uint32_t(__cvta_generic_to_shared(at)))
+                     : "memory");
+        mbar_init(ctl + 8u * uint32_t(i));
+      }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncwarp();
@@ -719,81 +712,56 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // bytes in flight (2026-12-02, docs/perf-notes.md). Lane 0 issues; the warp walks the same
   // pieces for the shuffles of their rows' pointers. The round's stores complete (and are
   // ordered before the generic proxy) before the round's fence.
-  // 0: registers; 1: bulk loads and bulk stores; 2: bulk loads, the lanes' 16-byte stores from the
-  // slot (the stores then leave the TMA unit to the loads and the GEMM).
-  int bulk = 0;
+  bool bulk = false;
   __device__ void bulk_round(BulkRing& ring, const E* my_from, E* my_to, bool copies, int row_bytes, int lane) const {
     const unsigned mask = __ballot_sync(0xffffffffu, copies);
-    const int rows = __popc(mask), pieces_a_row = (row_bytes + ring.slot_bytes - 1) / ring.slot_bytes;
-    const int n = rows * pieces_a_row, S = ring.slots;
-    const uint32_t u0 = ring.uses;
-    // Piece q: row q / pieces_a_row of the round's copying rows (lane __fns(mask, 0, r + 1)).
-    const auto piece = [&](int q, const char*& from, char*& to, int& bytes) {
-      const int r = q / pieces_a_row, k = q % pieces_a_row;
-      const int src_lane = int(__fns(mask, 0u, r + 1));
-      from = reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_from), src_lane));
-      to = reinterpret_cast<char*>(__shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_to), src_lane));
-      from += int64_t(k) * ring.slot_bytes;
-      to += int64_t(k) * ring.slot_bytes;
-      bytes = min(ring.slot_bytes, row_bytes - k * ring.slot_bytes);
-    };
-    const auto load = [&](int q) {
-      const char* from;
-      char* to;
-      int bytes;
-      piece(q, from, to, bytes);
-      const int slot = int((u0 + uint32_t(q)) % uint32_t(S));
-      if (lane == 0) bulk_load(ring.slot_addr(slot), from, bytes, ring.bar(slot));
-    };
-    for (int q = 0; q < n && q < S; ++q) load(q);
-    if (bulk == 2) {
-      for (int q = 0; q < n; ++q) {
-        const char* from;
-        char* to;
-        int bytes;
-        piece(q, from, to, bytes);
-        const uint32_t u = u0 + uint32_t(q);
-        const int slot = int(u % uint32_t(S));
-        mbar_wait(ring.bar(slot), (u / uint32_t(S)) & 1u);  // every lane: its loads below see the slot
-        const uint32_t src = ring.slot_addr(slot);
-        for (int c = lane; c < bytes / 16; c += 32) {
-          int4 v;
-          asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(src + 16u * uint32_t(c)));
-          store_global(reinterpret_cast<int4*>(to) + c, v);
-        }
-        __syncwarp();  // every lane has read the slot
-        if (q + S < n) {
-          if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads before the TMA's writes
-          load(q + S);
-        }
-      }
-      ring.uses = u0 + uint32_t(n);
-      return;
+    if (copies) {  // the round's copying rows, compacted, into the warp's row table
+      const uint32_t at = ring.ctl + BulkRing::kRowTable + 16u * uint32_t(__popc(mask & ((1u << lane) - 1u)));
+      asm volatile("st.shared.v2.u64 [%0], {%1, %2};" ::"r"(at), "l"(reinterpret_cast<uint64_t>(my_from)),
+                   "l"(reinterpret_cast<uint64_t>(my_to))
+                   : "memory");
     }
-    for (int q = 0; q < n; ++q) {
-      const char* from;
-      char* to;
-      int bytes;
-      piece(q, from, to, bytes);
-      const uint32_t u = u0 + uint32_t(q);
-      const int slot = int(u % uint32_t(S));
-      if (lane == 0) {
-        mbar_wait(ring.bar(slot), (u / uint32_t(S)) & 1u);
-        bulk_store(to, ring.slot_addr(slot), bytes);
-      }
-      // Piece q - 1's slot again, once its store has read it (store q may still be reading).
-      if (q >= 1 && q - 1 + S < n) {
-        if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-        load(q - 1 + S);
-      }
-    }
-    ring.uses = u0 + uint32_t(n);
+    __syncwarp();
     if (lane == 0) {
+      const uint32_t ctl = ring.ctl;
+      const int S = ring.slots, sb = ring.slot_bytes, ppr = (row_bytes + sb - 1) / sb, n = __popc(mask) * ppr;
+      const auto slot_addr = [&](int i) {
+        uint32_t a;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(a) : "r"(ctl + BulkRing::kSlotTable + 4u * uint32_t(i)));
+        return a;
+      };
+      const auto row_ptr = [&](int row, int half) {
+        uint64_t v;
+        asm volatile("ld.shared.u64 %0, [%1];" : "=l"(v) : "r"(ctl + BulkRing::kRowTable + 16u * uint32_t(row) + 8u * half));
+        return reinterpret_cast<char*>(v);
+      };
+      int lq = 0, lrow = 0, lk = 0, lslot = ring.slot;
+      const auto load_next = [&]() {  // piece lq (row lrow, piece lk) into slot lslot
+        bulk_load(slot_addr(lslot), row_ptr(lrow, 0) + lk * sb, min(sb, row_bytes - lk * sb), ctl + 8u * uint32_t(lslot));
+        if (++lk == ppr) lk = 0, ++lrow;
+        if (++lslot == S) lslot = 0;
+        ++lq;
+      };
+      while (lq < n && lq < S) load_next();
+      int srow = 0, sk = 0, sslot = ring.slot;
+      uint32_t par = ring.parity;
+      for (int q = 0; q < n; ++q) {
+        mbar_wait(ctl + 8u * uint32_t(sslot), par);
+        bulk_store(row_ptr(srow, 1) + sk * sb, slot_addr(sslot), min(sb, row_bytes - sk * sb));
+        if (++sk == ppr) sk = 0, ++srow;
+        if (++sslot == S) sslot = 0, par ^= 1u;
+        // Piece q - 1's slot again (piece q - 1 + S) once its store has read it; store q may still be reading.
+        if (q >= 1 && lq < n) {
+          asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+          load_next();
+        }
+      }
+      ring.slot = sslot;
+      ring.parity = par;
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the round's rows written
       asm volatile("fence.proxy.async.global;" ::: "memory");    // ... before the generic-proxy fence
     }
+    __syncwarp();  // the row table is read before the next round writes it
   }
   __device__ void striped_sends(int64_t cta, int64_t num_ctas, int tid, int num_threads,
                                 const gemm::sm90::SendSmem& spare) const {
@@ -805,7 +773,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
     const int row_bytes = int(geo.hidden * int64_t(sizeof(E)));
     BulkRing ring;
-    if (bulk > 0) ring.plan(spare, row_bytes, warp, num_threads / 32, lane);
+    if (bulk) ring.plan(spare, row_bytes, warp, num_threads / 32, lane);
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
       const int rows_here = int(min(int64_t(stripe_rows), (total_rows - 1 - i0) / g_warps + 1));
@@ -1270,7 +1238,7 @@ struct MoeFfn::State {
   bool l1_pp = false;                              // resolved MoeFfnConfig::l1_pingpong
   int l1_block_n = 256;                            // layer 1's tile width (128 with ping-pong)
   bool striped = false;                            // resolved MoeFfnConfig::striped_dispatch
-  int bulk = 0;                                    // resolved MoeFfnConfig::bulk_dispatch
+  bool bulk = false;                               // resolved MoeFfnConfig::bulk_dispatch
   E* const* partial_peers = nullptr;               // kPresum: device array of W pointers
   std::unique_ptr<comm::SignalSet> sig;
   void* scratch = nullptr;  // Plan arrays, counts_row, send_list, ranks, dispatch workspace (all-gather)
@@ -1319,9 +1287,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
                    " must be -1 (per call), 0 (expert order) or 1 (local-first)");
   CCFUSE_ARG_CHECK(cfg.striped_dispatch >= -1 && cfg.striped_dispatch <= 1, "striped_dispatch ", cfg.striped_dispatch,
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
-  CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 2, "bulk_dispatch ", cfg.bulk_dispatch,
-                   " must be -1 (by world size), 0 (through registers), 1 (bulk copies) or 2 (bulk loads, "
-                   "stores by the lanes)");
+  CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 1, "bulk_dispatch ", cfg.bulk_dispatch,
+                   " must be -1 (by world size), 0 (through registers) or 1 (bulk copies)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
   CCFUSE_ARG_CHECK(cfg.dispatch_spread_us >= 0 && cfg.dispatch_spread_us <= 100000, "dispatch_spread_us ",
@@ -1366,9 +1333,9 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.geo.max_chunks = (entries + kChunkRows - 1) / kChunkRows + d.num_experts;
   s.geo.interleaved = cfg.interleave_sends;
   s.striped = cfg.striped_dispatch > 0 || (cfg.striped_dispatch < 0 && auto_striped(d.hidden * 2, w));
-  s.bulk = cfg.bulk_dispatch >= 0 ? cfg.bulk_dispatch : (auto_bulk_dispatch(w) ? 1 : 0);
+  s.bulk = cfg.bulk_dispatch > 0 || (cfg.bulk_dispatch < 0 && auto_bulk_dispatch(w));
   if (const char* v = std::getenv("CCFUSE_MOE_BULK_DISPATCH"); v != nullptr && cfg.bulk_dispatch < 0)
-    s.bulk = std::atoi(v) >= 0 && std::atoi(v) <= 2 ? std::atoi(v) : s.bulk;  // an A/B switch for the benches
+    s.bulk = std::strcmp(v, "0") != 0;  // an A/B switch for the benches (the default's choice only)
   s.geo.max_tokens = d.max_tokens;
   s.geo.max_gchunks = (d.max_tokens + kChunkRows - 1) / kChunkRows;
   const bool allgather = cfg.dispatch == MoeDispatch::kAllGather;

@@ -95,7 +95,7 @@ struct Case {
   int local_first = -1;  // MoeFfnConfig::local_first
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
-  int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, bulk copies at W = 1; 2: lane stores)
+  int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, bulk copies at W = 1)
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
   int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by H, ping-pong from 4096)
 };
@@ -547,10 +547,6 @@ std::vector<Case> cases() {
   bulk_top8.name = "striped_bulk_top8_rank0_empty";
   bulk_top8.bulk = 1;
   v.push_back(bulk_top8);
-  Case lane_stores = bulk_split;
-  lane_stores.name = "striped_bulk_loads_lane_stores";
-  lane_stores.bulk = 2;
-  v.push_back(lane_stores);
   Case registers = striped;
   registers.name = "striped_through_registers";
   registers.bulk = 0;
@@ -706,7 +702,7 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     };
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 0; })); }, "stripe_rows");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.stripe_rows = 33; })); }, "stripe_rows");
-    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.bulk_dispatch = 3; })); },
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.bulk_dispatch = 2; })); },
                     "bulk_dispatch");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.local_first = 2; })); }, "local_first");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.dispatch_spread_us = -1; })); },

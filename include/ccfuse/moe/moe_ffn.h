@@ -116,8 +116,7 @@ struct MoeFfnConfig {
   // Striped dispatch: 1 = each send warp moves its rows by bulk copies (cp.async.bulk) through a
   // ring of shared-memory slots that layer 0's GEMM leaves free (up to 8 pieces of 4 KB a warp in
   // flight; with SwiGLU the staging buffer's unused half and the 227 KiB's tail, 12 slots a CTA);
-  // 0 = through registers (one row a warp in flight); 2 = bulk loads into the slots, the lanes'
-  // 16-byte stores out of them; -1 = moe::auto_bulk_dispatch. Where a warp
+  // 0 = through registers (one row a warp in flight); -1 = moe::auto_bulk_dispatch. Where a warp
   // gets fewer than 2 slots (no SwiGLU: only the tail) it copies through registers anyway.
   // Written 2026-12-06 (docs/moe-layers.md, "Bulk copies").
   int bulk_dispatch = -1;
@@ -159,7 +158,7 @@ class MoeFfn {
  public:
   // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
   // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; local_first and
-  // striped_dispatch in [-1, 1]; bulk_dispatch in [-1, 2]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
+  // striped_dispatch in [-1, 1]; bulk_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
   // in [-1, 1], and 1 only with the pre-sum after the GEMM and tma_store; H a positive
   // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
   // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
