@@ -95,7 +95,7 @@ struct Case {
   int local_first = -1;  // MoeFfnConfig::local_first
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
-  int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, bulk copies at W = 1)
+  int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, through registers)
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
   int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by H, ping-pong from 4096)
 };

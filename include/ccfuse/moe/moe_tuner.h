@@ -66,7 +66,7 @@ bool auto_local_first(int64_t tokens, int world_size, bool interleaved_sends, bo
 // for rules that depend on it.
 bool auto_striped(int64_t row_bytes, int world_size);
 // Layer 0's striped dispatch by bulk copies through shared memory (MoeFfnConfig::bulk_dispatch =
-// -1): where it has been measured faster (docs/moe-tuner.md).
+// -1): where it has been measured faster; nowhere yet (docs/moe-layers.md, "Bulk copies").
 bool auto_bulk_dispatch(int world_size);
 // Layer 1's grouped GEMM (N = H, K = F) on ping-pong 128x128x64/6 tiles: H >= kL1PingpongMinHidden
 // (the grouped GEMM's rule, choose_config: by N).
