@@ -57,7 +57,7 @@ if [[ " $what " == *" tests_only "* ]]; then
   # before a call spends minutes on benches that use them.
   timeout ${CCFUSE_TEST_TIMEOUT:-120} $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests_only.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
-  summary+=("gpu tests ($CCFUSE_TEST_FILTER): rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_only.log" | tr '\n' ' ')")
+  summary+=("gpu tests (${CCFUSE_TEST_FILTER:-*}): rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_only.log" | tr '\n' ' ')")
 fi
 if [[ " $what " == *" tests "* ]]; then
   # The router/layout sweep has its own section (router): it is long.

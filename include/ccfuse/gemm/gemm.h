@@ -69,7 +69,8 @@ struct GemmConfig {
   // 2: CTA pairs on adjacent column tiles share A by TMA multicast instead (plain GEMM, tma_store,
   // the 128x128 and 128x96 tiles; not with cluster_m 2, split-K, stream-K or pingpong). For
   // narrow tiles, whose A bytes per FLOP (1/block_n) outweigh B's (1/block_m). An experiment
-  // written 2026-11-30, not yet run on a GPU; choose_config does not pick it (docs/gemm.md).
+  // (2026-11-30): +7 % on 4096^3 with the 128x96 tile, 4-11 % slower on the one-wave shapes it was
+  // meant for; choose_config does not pick it (docs/gemm.md, README).
   int cluster_n = 1;
   // Epilogue through shared memory and TMA stores, overlapped with the next tile (plain GEMM,
   // 128x256x64 with 3 stages, ldc a multiple of 8). Opt-in until measured (docs/perf-notes.md).
