@@ -488,7 +488,7 @@ struct BulkRing {
   uint32_t parity = 0;
   // Every lane the same; lane 0 initialises the barriers and the slot table. slots < 2: no ring
   // (the copy goes through registers).
-  __device__ void plan(const gemm::sm90::SendSmem& spare, int row_bytes, int warp, int warps, int lane) {
+  __device__ void plan(const gemm::sm90::SendSmem& spare, int row_bytes, int warp, int warps, int lane, int max_slots) {
     slot_bytes = row_bytes < 4096 ? row_bytes : 4096;  // rows are multiples of 512 bytes (H % 256 == 0)
     int bytes[2] = {spare.bytes[0], spare.bytes[1]};
     char* ptr[2] = {spare.ptr[0], spare.ptr[1]};
@@ -498,7 +498,7 @@ struct BulkRing {
     ptr[c] += warps * kControlBytes;
     bytes[c] -= warps * kControlBytes;
     const int n0 = bytes[0] / slot_bytes, total = n0 + bytes[1] / slot_bytes;
-    slots = min(kMaxSlots, total / warps);
+    slots = min(min(kMaxSlots, max_slots), total / warps);
     if (slots < 2) {
       slots = 0;
       return;
@@ -713,6 +713,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // pieces for the shuffles of their rows' pointers. The round's stores complete (and are
   // ordered before the generic proxy) before the round's fence.
   bool bulk = false;
+  int bulk_slots = BulkRing::kMaxSlots;  // CCFUSE_MOE_BULK_SLOTS: at most this many slots a warp (an A/B switch)
   __device__ void bulk_round(BulkRing& ring, const E* my_from, E* my_to, bool copies, int row_bytes, int lane) const {
     const unsigned mask = __ballot_sync(0xffffffffu, copies);
     if (copies) {  // the round's copying rows, compacted, into the warp's row table
@@ -773,7 +774,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
     const int vecs = int(geo.hidden * int64_t(sizeof(E)) / 16);
     const int row_bytes = int(geo.hidden * int64_t(sizeof(E)));
     BulkRing ring;
-    if (bulk) ring.plan(spare, row_bytes, warp, num_threads / 32, lane);
+    if (bulk) ring.plan(spare, row_bytes, warp, num_threads / 32, lane, bulk_slots);
     for (int64_t i0 = int64_t(warp) * num_ctas + cta; i0 < total_rows; i0 += stripe_rows * g_warps) {
       pace_until(t0, spread_ns, i0, total_rows);  // row i of the send list not before t0 + i / rows of the spread
       const int rows_here = int(min(int64_t(stripe_rows), (total_rows - 1 - i0) / g_warps + 1));
@@ -1691,6 +1692,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.block_begin = s.plan.block_begin;
     epi.striped = s.striped;
     epi.bulk = s.bulk;
+    if (const char* v = std::getenv("CCFUSE_MOE_BULK_SLOTS")) epi.bulk_slots = std::max(2, std::atoi(v));
     epi.unit_done = s.plan.unit_done;
     epi.stripe_rows = s.cfg.stripe_rows;
     epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;
