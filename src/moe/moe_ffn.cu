@@ -706,12 +706,15 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   // tokens, 1.067 -> 0.696 at 16384; layer 0 -3.4 to -5 %; DeepSeek-like and Mixtral level.
   int stripe_rows = 16;
   uint64_t spread_ns = 0;  // MoeFfnConfig::dispatch_spread_us (0 = one burst)
-  // Bulk copies (MoeFfnConfig::bulk_dispatch): each send warp moves its rows through a ring of
-  // shared-memory slots (BulkRing) with cp.async.bulk, in 4 KB pieces, up to 8 pieces a warp in
-  // flight, where copy_row holds one row (4 KB) a warp in registers: what bounds the copy is
-  // bytes in flight (2026-12-02, docs/perf-notes.md). Lane 0 issues; the warp walks the same
-  // pieces for the shuffles of their rows' pointers. The round's stores complete (and are
-  // ordered before the generic proxy) before the round's fence.
+  // Bulk copies (MoeFfnConfig::bulk_dispatch, opt-in): each send warp moves its rows through a
+  // ring of shared-memory slots (BulkRing) with cp.async.bulk, in 4 KB pieces, up to 8 pieces a
+  // warp in flight, where copy_row holds one row (4 KB) a warp in registers. The lanes put the
+  // round's rows into the warp's row table and lane 0 issues every copy. The round's stores
+  // complete (and are ordered before the generic proxy) before the round's fence. Measured
+  // 2026-12-06 at W = 1 (docs/moe-layers.md, "Bulk copies"): the copy alone 4-10 % faster, but the
+  // copies share the SM's TMA unit with the GEMM's stage loads (DeepSeek-like's layer 0 at 16384
+  // tokens 1.7x slower with 4 slots a warp, level with 2, when the copy's gain is gone too). (All
+  // lanes walking the pieces, shuffling each one's pointers, spilled: 2.4x the instructions.)
   bool bulk = false;
   int bulk_slots = BulkRing::kMaxSlots;  // CCFUSE_MOE_BULK_SLOTS: at most this many slots a warp (an A/B switch)
   __device__ void bulk_round(BulkRing& ring, const E* my_from, E* my_to, bool copies, int row_bytes, int lane) const {
@@ -1289,7 +1292,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.striped_dispatch >= -1 && cfg.striped_dispatch <= 1, "striped_dispatch ", cfg.striped_dispatch,
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
   CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 1, "bulk_dispatch ", cfg.bulk_dispatch,
-                   " must be -1 (by world size), 0 (through registers) or 1 (bulk copies)");
+                   " must be -1 (auto: moe::auto_bulk_dispatch), 0 (through registers) or 1 (bulk copies)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
   CCFUSE_ARG_CHECK(cfg.dispatch_spread_us >= 0 && cfg.dispatch_spread_us <= 100000, "dispatch_spread_us ",
@@ -1514,7 +1517,8 @@ std::string MoeFfn::describe() const {
      << " chunk_rows=" << kChunkRows
      << " sms=" << (s_->cfg.num_sms > 0 ? s_->cfg.num_sms : gemm::current_device_sms())
      << " layer0=grouped+" << (d.swiglu ? "swiglu" : "identity") << "+send-warp-dispatch"
-     << (!allgather && s_->striped ? "(striped rows, " + std::to_string(s_->cfg.stripe_rows) + " a warp a round)"
+     << (!allgather && s_->striped ? "(striped rows, " + std::to_string(s_->cfg.stripe_rows) + " a warp a round" +
+                                         (s_->bulk ? ", bulk copies)" : ")")
                                    : std::string())
      << (!allgather && s_->cfg.dispatch_spread_us > 0 ? "(paced over " + std::to_string(s_->cfg.dispatch_spread_us) + " us)"
                                                       : std::string())
