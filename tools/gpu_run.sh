@@ -2,7 +2,7 @@
 # Runs on the GPU machine through the device tool, from binaries staged by tools/stage_gpu.sh:
 #   GPU tests, communication microbenchmarks, the TP benchmarks, and the single-GPU GEMM engine
 #   against cuBLASLt; logs and JSON go to $OUT.
-# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [moe_ncu_send] [moe_ncu_prep] [grouped_ncu] [torch_mm] [sanitize]
+# Usage (device tool, carry [".carry"]):  bash tools/gpu_run.sh [tests_only] [one_gpu_world] [tests] [comm] [tp] [gemm] [grouped] [probe] [hooks] [router] [moe] [moe_fused] [moe_ab] [tp_ab] [tp_w1] [trace] [gemm_tma] [gemm_streamk] [gemm_n192] [grouped_regs] [grouped_ab] [moe_diag] [gemm_n96] [gemm_raster] [gemm_smallk] [gemm_ncu] [gemm_pingpong] [gemm_steady] [gemm_n64] [gemm_bin_ab] [gemm_env_sweep] [gemm_budget] [gemm_fixed] [gemm_ncu_full] [gemm_pairn] [gemm_n160] [gemm_n160_more] [moe_ncu] [moe_ncu_send] [moe_ncu_prep] [grouped_ncu] [torch_mm] [sanitize]
 #   (default: tests comm tp; gemm and grouped run when named: ~2-4 minutes each on one H200;
 #   moe, the serial PyTorch MoE-layer baseline, needs >= 2 GPUs and only torch, not the binaries;
 #   moe_fused, the fused MoE FFN (ccfuse_moe_ffn_bench) on the same cases, merged with moe's
@@ -58,6 +58,19 @@ if [[ " $what " == *" tests_only "* ]]; then
   timeout ${CCFUSE_TEST_TIMEOUT:-120} $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-*}" 2>&1 | tee "$OUT/gpu_tests_only.log"
   rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
   summary+=("gpu tests (${CCFUSE_TEST_FILTER:-*}): rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu_tests_only.log" | tr '\n' ' ')")
+fi
+if [[ " $what " == *" one_gpu_world "* ]]; then
+  # The multi-rank GPU tests with W ranks on GPU 0 (comm/team.h mode d: a green context each,
+  # 1/W of the SMs), for each W in CCFUSE_ONE_GPU_RANKS (default 2): the TP and MoE kernels'
+  # protocols at W >= 2 where only one GPU is lent. Correctness only (no NVLink, 1/W of the SMs).
+  # CUDA_DEVICE_MAX_CONNECTIONS: W ranks' streams must not share hardware queues.
+  for w in ${CCFUSE_ONE_GPU_RANKS:-2}; do
+    CCFUSE_TEST_ONE_GPU_RANKS=$w CUDA_DEVICE_MAX_CONNECTIONS=32 timeout ${CCFUSE_TEST_TIMEOUT:-300} \
+      $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-GpuTeam*:FusedAgGemm*:FusedGemmReduce*:GpuMoeFfn*}" \
+      --gtest_output=json:"$OUT/one_gpu_world_w$w.json" 2>&1 | tee "$OUT/one_gpu_world_w$w.log"
+    rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
+    summary+=("one-GPU world W=$w: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/one_gpu_world_w$w.log" | tr '\n' ' ')")
+  done
 fi
 if [[ " $what " == *" tests "* ]]; then
   # The router/layout sweep has its own section (router): it is long.

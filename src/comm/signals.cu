@@ -5,6 +5,7 @@
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
+#include "src/common/driver_api.h"
 
 namespace ccfuse::comm {
 
@@ -54,7 +55,9 @@ std::unique_ptr<SignalSet> Team::make_signals(const std::string& name, int num_s
   d.set_id = int(set_names_.size());
   set_names_.push_back(name);
   set_sizes_.push_back(num_signals);
-  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  // The memsets above ran on the legacy stream. Not cudaDeviceSynchronize: in a one-GPU world
+  // it would also wait for the other ranks' kernels, which may wait for this rank's next call.
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   return set;
 }
 
@@ -70,14 +73,7 @@ void SignalSet::begin_call(cudaStream_t stream, const SignalSet* reset) const {
 }
 
 void stream_write_flag(cudaStream_t stream, epoch_t* flag, epoch_t value) {
-  using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  static const WriteValue64 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    CCFUSE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 12000, cudaEnableDefault, &q));
-    CCFUSE_CHECK(f != nullptr && q == cudaDriverEntryPointSuccess, "cuStreamWriteValue64 not found in the CUDA driver");
-    return reinterpret_cast<WriteValue64>(f);
-  }();
+  static const auto fn = CCFUSE_DRIVER_FN(cuStreamWriteValue64, /*required=*/true);
   const CUresult r = fn(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag), value, 0);
   CCFUSE_CHECK(r == CUDA_SUCCESS, "cuStreamWriteValue64 to flag ", static_cast<void*>(flag), " failed (CUresult ", int(r), ")");
 }

@@ -1,13 +1,17 @@
 // Team: NCCL communicator, symmetric buffers, device communicator, watchdog record.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "ccfuse/comm/team.h"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/host_barrier.h"
+#include "src/common/driver_api.h"
 
 namespace ccfuse::comm {
 
@@ -31,6 +35,75 @@ int64_t watchdog_ms_from(const TeamOptions& options) {
 }
 
 }  // namespace
+
+// Mode (d): W rank threads on one GPU. Symmetric allocations are exchanged through `slots`;
+// `barrier` is aborted when a rank fails, so that no other rank waits for it forever.
+struct Team::Loopback {
+  explicit Loopback(int n) : barrier(n, "another rank of the one-GPU world failed"), slots(size_t(n)) {}
+  HostBarrier barrier;
+  std::vector<void*> slots;
+  // Collective: every rank's `mine`, by rank.
+  std::vector<void*> all_gather(int rank, void* mine) {
+    slots[size_t(rank)] = mine;
+    barrier.arrive_and_wait();
+    std::vector<void*> all = slots;
+    barrier.arrive_and_wait();  // nobody overwrites a slot before everyone has read it
+    return all;
+  }
+};
+
+namespace {
+
+// One green context per rank, each with a disjoint share of `device`'s SMs: the largest count
+// that W equal groups can have at the driver's granularity (a multiple of 8 SMs on Hopper).
+std::vector<CUgreenCtx> make_green_contexts(int device, int n) {
+  static const auto device_get = CCFUSE_DRIVER_FN(cuDeviceGet, true);
+  static const auto get_resource = CCFUSE_DRIVER_FN(cuDeviceGetDevResource, true);
+  static const auto split = CCFUSE_DRIVER_FN(cuDevSmResourceSplitByCount, true);
+  static const auto make_desc = CCFUSE_DRIVER_FN(cuDevResourceGenerateDesc, true);
+  static const auto create = CCFUSE_DRIVER_FN(cuGreenCtxCreate, true);
+  CCFUSE_CUDA_CHECK(cudaSetDevice(device));
+  CCFUSE_CUDA_CHECK(cudaFree(nullptr));  // the primary context first (the green ones retain it)
+  CUdevice dev = 0;
+  detail::driver_check(device_get(&dev, device), "cuDeviceGet");
+  CUdevResource all{};
+  detail::driver_check(get_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource(SM)");
+  const unsigned align = std::max(1u, all.sm.smCoscheduledAlignment);
+  const unsigned share = all.sm.smCount / unsigned(n) / align * align;
+  CCFUSE_ARG_CHECK(share >= std::max(1u, all.sm.minSmPartitionSize), n, " ranks on device ", device,
+                   " leave each fewer SMs than a green context may have (", all.sm.smCount, " SMs, at least ",
+                   all.sm.minSmPartitionSize, " a context, in steps of ", align, ")");
+  std::vector<CUdevResource> groups(static_cast<size_t>(n));
+  unsigned made = unsigned(n);
+  detail::driver_check(split(groups.data(), &made, &all, nullptr, 0, share), "cuDevSmResourceSplitByCount");
+  CCFUSE_CHECK(made == unsigned(n), "device ", device, " split into ", made, " groups of ", share, " SMs, not ", n);
+  std::vector<CUgreenCtx> ctxs;
+  for (int r = 0; r < n; ++r) {
+    CUdevResourceDesc desc = nullptr;
+    detail::driver_check(make_desc(&desc, &groups[size_t(r)], 1), "cuDevResourceGenerateDesc");
+    CUgreenCtx g = nullptr;
+    detail::driver_check(create(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
+    ctxs.push_back(g);
+  }
+  return ctxs;
+}
+
+void destroy_green_contexts(const std::vector<CUgreenCtx>& ctxs) {
+  static const auto destroy = CCFUSE_DRIVER_FN(cuGreenCtxDestroy, true);
+  for (CUgreenCtx g : ctxs) destroy(g);  // NOTE: a failure here leaks a context; nothing to do about it
+}
+
+void set_current_context(void* ctx) {
+  static const auto set_current = CCFUSE_DRIVER_FN(cuCtxSetCurrent, true);
+  detail::driver_check(set_current(static_cast<CUcontext>(ctx)), "cuCtxSetCurrent");
+}
+
+}  // namespace
+
+void Team::bind() const {
+  if (loopback_) set_current_context(green_ctx_);
+  else CCFUSE_CUDA_CHECK(cudaSetDevice(device_));
+}
 
 void check_nccl_version() {
   int loaded = 0;
@@ -98,7 +171,6 @@ std::unique_ptr<Team> Team::from_comm(ncclComm_t comm, TeamOptions options) {
 void Team::init(ncclComm_t comm, bool owns_comm, TeamOptions options) {
   comm_ = comm;
   owns_comm_ = owns_comm;
-  watchdog_ms_ = watchdog_ms_from(options);
   CCFUSE_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
   CCFUSE_NCCL_CHECK(ncclCommCount(comm, &world_size_));
   CCFUSE_NCCL_CHECK(ncclCommCuDevice(comm, &device_));
@@ -120,6 +192,11 @@ void Team::init(ncclComm_t comm, bool owns_comm, TeamOptions options) {
                    "every rank of a ccfuse Team must share one NVLink (LSA) domain: this rank sees lsaSize ",
                    dev_comm_.lsaSize, " of ", world_size_, " ranks (multi-node GIN is not supported yet)");
 
+  init_common(options);
+}
+
+void Team::init_common(TeamOptions options) {
+  watchdog_ms_ = watchdog_ms_from(options);
   CCFUSE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&watchdog_), sizeof(WatchdogRecord), cudaHostAllocMapped));
   std::memset(watchdog_, 0, sizeof(WatchdogRecord));
   CCFUSE_CUDA_CHECK(cudaMalloc(&watchdog_claim_, sizeof(int32_t)));
@@ -145,12 +222,20 @@ Team::~Team() {
 
 std::unique_ptr<SymmetricBuffer> Team::alloc_symmetric(size_t bytes) {
   CCFUSE_ARG_CHECK(bytes > 0, "symmetric buffer size must be positive, got ", bytes, " bytes");
-  CCFUSE_CUDA_CHECK(cudaSetDevice(device_));
+  bind();
   std::unique_ptr<SymmetricBuffer> buf(new SymmetricBuffer());
   buf->team_ = this;
   buf->rank_ = rank_;
   // Window offsets must be 4 KiB aligned; ncclMemAlloc hands out whole granules anyway.
   buf->bytes_ = size_t(round_up(int64_t(bytes), NCCL_WIN_REQUIRED_ALIGNMENT));
+  if (loopback_) {
+    CCFUSE_CUDA_CHECK(cudaMalloc(&buf->local_, buf->bytes_));
+    CCFUSE_CUDA_CHECK(cudaMemset(buf->local_, 0, buf->bytes_));
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    buf->peers_ = loopback_->all_gather(rank_, buf->local_);  // also: every rank's memory is zeroed
+    buffers_.push_back(buf.get());
+    return buf;
+  }
   CCFUSE_NCCL_CHECK(ncclMemAlloc(&buf->local_, buf->bytes_));
   CCFUSE_CUDA_CHECK(cudaMemset(buf->local_, 0, buf->bytes_));
   CCFUSE_NCCL_CHECK(ncclCommWindowRegister(comm_, buf->local_, buf->bytes_, &buf->window_, NCCL_WIN_COLL_SYMMETRIC));
@@ -166,8 +251,9 @@ std::unique_ptr<SymmetricBuffer> Team::alloc_symmetric(size_t bytes) {
   // NOTE: NCCL maps every rank's memory, the own one too, into one flat VA range, so the LSA
   // pointer of the own rank is a second mapping of local_. Use local_ for the own rank.
   buf->peers_[size_t(rank_)] = buf->local_;
-  // Everyone's zeroed memory must be in place before anyone signals into it.
-  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  // Everyone's zeroed memory must be in place before anyone signals into it (the memset ran on
+  // the legacy stream; the window registration above was collective).
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   buffers_.push_back(buf.get());
   return buf;
 }
@@ -176,7 +262,18 @@ SymmetricBuffer::~SymmetricBuffer() {
   if (!team_) return;
   auto& list = team_->buffers_;
   list.erase(std::remove(list.begin(), list.end(), this), list.end());
-  cudaSetDevice(team_->device_);
+  try {
+    team_->bind();
+    if (team_->loopback_) {
+      // Collective, as the window deregistration is: no rank frees while a peer may still write.
+      // After a rank failed the barrier throws and the memory leaks (a peer's kernel may still run).
+      team_->loopback_->barrier.arrive_and_wait();
+      if (local_) cudaFree(local_);
+      return;
+    }
+  } catch (...) {
+    return;  // NOTE: destructors never throw
+  }
   if (window_) ncclCommWindowDeregister(team_->comm_, window_);
   if (local_) ncclMemFree(local_);
 }
@@ -218,7 +315,7 @@ void Team::check_watchdog() const {
 }
 
 void Team::reset_watchdog() {
-  CCFUSE_CUDA_CHECK(cudaSetDevice(device_));
+  bind();
   CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
   std::memset(watchdog_, 0, sizeof(WatchdogRecord));
   CCFUSE_CUDA_CHECK(cudaMemset(watchdog_claim_, 0, sizeof(int32_t)));
@@ -234,23 +331,72 @@ void Team::barrier(cudaStream_t stream) { team_barrier_->begin_call(stream); }
 
 void run_local_world(const std::vector<int>& devices, const std::function<void(Team&)>& fn, TeamOptions options) {
   CCFUSE_ARG_CHECK(!devices.empty(), "run_local_world needs at least one device");
-  check_nccl_version();
-  ncclUniqueId id{};
-  CCFUSE_NCCL_CHECK(ncclGetUniqueId(&id));
   const int n = int(devices.size());
+  const bool one_gpu = n > 1 && std::all_of(devices.begin(), devices.end(), [&](int d) { return d == devices[0]; });
+  if (!one_gpu) {
+    std::vector<int> sorted = devices;
+    std::sort(sorted.begin(), sorted.end());
+    CCFUSE_ARG_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                     "devices: list each GPU once, or one GPU for every rank (a one-GPU world); "
+                     "a GPU listed twice among others is not supported");
+  }
+  std::vector<CUgreenCtx> green;
+  std::shared_ptr<Team::Loopback> hub;
+  ncclUniqueId id{};
+  if (one_gpu) {
+    int num_devices = 0;
+    CCFUSE_CUDA_CHECK(cudaGetDeviceCount(&num_devices));
+    CCFUSE_ARG_CHECK(devices[0] >= 0 && devices[0] < num_devices, "device ", devices[0], " must be in [0, ",
+                     num_devices, ") (CUDA devices present)");
+    CCFUSE_ARG_CHECK(n <= kMaxLsaRanks, "world size ", n, " exceeds the ", kMaxLsaRanks,
+                     " ranks one NVLink domain may have in ccfuse");
+    static std::once_flag warned;
+    if (std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr)
+      std::call_once(warned, [] {
+        std::fprintf(stderr, "ccfuse: a one-GPU world without CUDA_DEVICE_MAX_CONNECTIONS: the ranks' streams share "
+                             "8 hardware queues, where a kernel may wait behind a peer's (set it to 32 before the "
+                             "process starts)\n");
+      });
+    green = make_green_contexts(devices[0], n);
+    hub = std::make_shared<Team::Loopback>(n);
+  } else {
+    check_nccl_version();
+    CCFUSE_NCCL_CHECK(ncclGetUniqueId(&id));
+  }
+  static const auto from_green = CCFUSE_DRIVER_FN(cuCtxFromGreenCtx, true);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::atomic<int> first_failed{-1};  // the root cause: others may fail because of it
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
+      std::unique_ptr<Team> team;
       try {
-        std::unique_ptr<Team> team = Team::create(id, r, n, devices[size_t(r)], options);
+        if (one_gpu) {
+          CUcontext ctx = nullptr;
+          detail::driver_check(from_green(&ctx, green[size_t(r)]), "cuCtxFromGreenCtx");
+          set_current_context(ctx);
+          team.reset(new Team());
+          team->loopback_ = hub;
+          team->green_ctx_ = ctx;
+          team->rank_ = r;
+          team->world_size_ = n;
+          team->device_ = devices[0];
+          team->init_common(options);
+        } else {
+          team = Team::create(id, r, n, devices[size_t(r)], options);
+        }
         fn(*team);
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
+        int none = -1;
+        first_failed.compare_exchange_strong(none, r);
+        if (hub) hub->barrier.abort();  // the other ranks' collectives fail instead of waiting
       }
+      team.reset();  // after the abort: a failed rank's collective frees must not wait for the others
     });
   }
   for (auto& t : threads) t.join();
+  if (one_gpu) destroy_green_contexts(green);
   // A TimeoutError is the root cause of whatever other ranks then saw; report it first.
   for (auto& e : errors) {
     if (!e) continue;
@@ -261,8 +407,7 @@ void run_local_world(const std::vector<int>& devices, const std::function<void(T
     } catch (...) {
     }
   }
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  if (first_failed.load() >= 0) std::rethrow_exception(errors[size_t(first_failed.load())]);
 }
 
 }  // namespace ccfuse::comm

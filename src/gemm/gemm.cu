@@ -9,6 +9,7 @@
 #include "ccfuse/common/warp_scan.cuh"
 #include "ccfuse/gemm/gemm.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
+#include "src/common/driver_api.h"
 
 namespace ccfuse::gemm {
 
@@ -256,6 +257,24 @@ void launch_dtype(const GemmDesc& d, const GemmConfig& cfg, const void* a, const
 }  // namespace
 
 int current_device_sms() {
+  // The current context's SMs: in a green context (a one-GPU world's rank, or a caller's own
+  // partition) persistent grids must fit its share, or CTAs that wait on each other deadlock.
+  static const auto get_current = CCFUSE_DRIVER_FN(cuCtxGetCurrent, false);
+  static const auto get_resource = CCFUSE_DRIVER_FN(cuCtxGetDevResource, false);
+  // Per thread, by context: a launch asks several times (a rank thread of a one-GPU world is
+  // new for every world, so a context handle reused by the driver is not mistaken for another).
+  thread_local CUcontext cached_ctx = nullptr;
+  thread_local int cached_sms = 0;
+  CUcontext ctx = nullptr;
+  if (get_current && get_resource && get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
+    if (ctx == cached_ctx) return cached_sms;
+    CUdevResource res{};
+    if (get_resource(ctx, &res, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS && res.sm.smCount > 0) {
+      cached_ctx = ctx;
+      cached_sms = int(res.sm.smCount);
+      return cached_sms;
+    }
+  }
   int dev = 0, sms = 0;
   CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
   CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -1492,7 +1492,9 @@ internal::PlanArrays internal::derive_plan_for_test(int world, int rank, int exp
   derive_plan_kernel<<<1, 256, size_t(world + 2) * experts * 4>>>(g, reinterpret_cast<const int32_t*>(dev), plan,
                                                                   n_tiles0, n_tiles1, max_rows);
   CCFUSE_CUDA_CHECK_LAUNCH();
-  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  // The legacy stream only: in a one-GPU world a device-wide sync would also wait for the other
+  // ranks' kernels, which may wait for this rank's next call.
+  CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   for (size_t i = 0; i < host.size(); ++i)
     CCFUSE_CUDA_CHECK(cudaMemcpy(host[i].first, dev + offset[i], host[i].second, cudaMemcpyDeviceToHost));
   return out;

@@ -20,6 +20,7 @@
 
 #include "ccfuse/common/cuda_check.h"
 #include "ccfuse/common/error.h"
+#include "ccfuse/gemm/gemm.h"
 #include "ccfuse/moe/router_gpu.h"
 #include "src/moe/radix_sort.h"
 #include "src/moe/sorted_search.cuh"
@@ -319,19 +320,12 @@ Plan make_plan(const RouterConfig& config, int64_t num_tokens) {
   return p;
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  CCFUSE_CUDA_CHECK(cudaGetDevice(&dev));
-  CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 template <int EPL, int KPL>
 void launch_topk_k(const RouterConfig& c, const float* logits, int64_t num_tokens, const float* bias, int32_t* ids,
                  float* weights, int32_t* hist, SortKeys sk, void* keys, int32_t* values, cudaStream_t s) {
   const int64_t blocks_needed = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   // Enough blocks to fill the GPU several times over; warps loop over the remaining tokens.
-  const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(sm_count()) * 16);
+  const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(gemm::current_device_sms()) * 16);
   // The selection order is the reference's (KeyGreater): higher key first, equal keys: lower id.
   const size_t smem = size_t(kWarpsPerBlock) * size_t(c.num_experts) * sizeof(double) +
                       (hist != nullptr ? size_t(c.num_experts) * sizeof(int32_t) : 0);

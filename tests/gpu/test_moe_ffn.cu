@@ -31,7 +31,8 @@
 namespace ccfuse::moe {
 namespace {
 
-using ccfuse::testing::gpu_count;
+using ccfuse::testing::rank_count;
+using ccfuse::testing::rank_devices;
 
 // ---- device memory helpers -----------------------------------------------------------------
 struct CudaFree {
@@ -105,9 +106,9 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 // 1: the layers without a peer (every row local; the GEMMs, layouts, pre-sum and combine are the
 // same kernels), so that a one-GPU machine checks them too.
 int world_for(int experts) {
-  for (int w = std::min(gpu_count(), kMaxMoeRanks); w >= 2; --w)
+  for (int w = std::min(rank_count(), kMaxMoeRanks); w >= 2; --w)
     if (experts % w == 0) return w;
-  return gpu_count() == 1 ? 1 : 0;
+  return rank_count() == 1 ? 1 : 0;
 }
 
 // One rank's uploads and what the test expects of it.
@@ -259,15 +260,14 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
   CCFUSE_REQUIRE_GPUS(1);
   Case c = GetParam();
   const int w = world_for(c.experts);
-  if (w < 1) GTEST_SKIP() << "no world size in [2, " << gpu_count() << "] divides " << c.experts << " experts";
+  if (w < 1) GTEST_SKIP() << "no world size in [2, " << rank_count() << "] divides " << c.experts << " experts";
   if (c.max_tokens == 0) c.max_tokens = *std::max_element(c.tokens.begin(), c.tokens.end());
   std::random_device rd;
   const uint64_t seed = rd();
   const std::string trace = detail::str_cat("seed ", seed, " case ", c.name, " W ", w);
   SCOPED_TRACE(trace);
   const std::vector<RankData> problem = make_problem(c, w, seed);
-  std::vector<int> devices(static_cast<size_t>(w));
-  std::iota(devices.begin(), devices.end(), 0);
+  const std::vector<int> devices = rank_devices(w);
 
   comm::run_local_world(devices, [&](comm::Team& team) {
     const int r = team.rank();
@@ -671,9 +671,8 @@ TEST(GpuMoeFfn, PlanMatchesSerialDefinition) {
 
 TEST(GpuMoeFfn, RejectsBadInput) {
   CCFUSE_REQUIRE_GPUS(1);  // one GPU: W = 1, where every E divides (the num_experts rule needs W >= 2)
-  const int w = std::min(gpu_count(), kMaxMoeRanks);
-  std::vector<int> devices(static_cast<size_t>(w));
-  std::iota(devices.begin(), devices.end(), 0);
+  const int w = std::min(rank_count(), kMaxMoeRanks);
+  const std::vector<int> devices = rank_devices(w);
   comm::run_local_world(devices, [&](comm::Team& team) {
     MoeFfnDesc good;
     good.max_tokens = 64;

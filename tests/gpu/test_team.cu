@@ -8,6 +8,7 @@
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/comm/team.h"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/gemm/gemm.h"
 #include "gpu_test_util.h"
 
 namespace ccfuse::comm {
@@ -87,7 +88,7 @@ __global__ void read_peers_kernel(SymmetricView<int> view, int* out) {
 }
 
 TEST(GpuTeam, RanksAndPeerPointers) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   const auto devices = all_devices();
   run_local_world(devices, [&](Team& team) {
     EXPECT_EQ(team.world_size(), int(devices.size()));
@@ -110,7 +111,7 @@ TEST(GpuTeam, RanksAndPeerPointers) {
 }
 
 TEST(GpuTeam, ThousandCallsBackToBackNoStaleFlag) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   run_local_world(all_devices(), [&](Team& team) {
     Ring ring(team);
     constexpr int kCalls = 1000;
@@ -124,7 +125,7 @@ TEST(GpuTeam, ThousandCallsBackToBackNoStaleFlag) {
 }
 
 TEST(GpuTeam, CudaGraphReplaysAdvanceTheEpoch) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   run_local_world(all_devices(), [&](Team& team) {
     Ring ring(team);
     ring.call();  // one eager call first: graph replays continue from the device epoch
@@ -147,7 +148,7 @@ TEST(GpuTeam, CudaGraphReplaysAdvanceTheEpoch) {
 }
 
 TEST(GpuTeam, WatchdogNamesTheSilentRankAndSignal) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   constexpr int64_t kBoundMs = 300;
   std::atomic<int> timeouts{0};
   ccfuse::testing::HostBarrier host_barrier(int(all_devices().size()));
@@ -186,7 +187,7 @@ TEST(GpuTeam, WatchdogNamesTheSilentRankAndSignal) {
 }
 
 TEST(GpuTeam, WatchdogOnEntryBarrierNamesTheAbsentRank) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   constexpr int64_t kBoundMs = 300;
   std::atomic<int> timeouts{0};
   run_local_world(all_devices(), [&](Team& team) {
@@ -207,7 +208,7 @@ TEST(GpuTeam, WatchdogOnEntryBarrierNamesTheAbsentRank) {
 }
 
 TEST(GpuTeam, BadInputRaisesClearErrors) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   run_local_world(all_devices(), [&](Team& team) {
     try {
       team.alloc_symmetric(0);
@@ -236,6 +237,63 @@ TEST(GpuTeam, BadInputRaisesClearErrors) {
     cudaFree(plain);
   });
   EXPECT_THROW(Team::create(ncclUniqueId{}, 2, 2, 0), InvalidArgument);
+}
+
+// Mode (d) on the one GPU that every GPU machine has: two ranks, each in a green context with
+// its own half (or less) of the SMs, exchange through plain allocations with the same signals.
+TEST(GpuTeam, OneGpuWorldGivesEachRankItsOwnSmsAndPeers) {
+  CCFUSE_REQUIRE_GPUS(1);
+  int total = 0;
+  CCFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&total, cudaDevAttrMultiProcessorCount, 0));
+  std::atomic<int> sms_sum{0};
+  run_local_world({0, 0}, [&](Team& team) {
+    EXPECT_TRUE(team.shares_device());
+    EXPECT_EQ(team.comm(), nullptr);
+    EXPECT_EQ(team.device(), 0);
+    const int sms = gemm::current_device_sms();
+    EXPECT_GE(sms, 8) << "rank " << team.rank();
+    EXPECT_LE(2 * sms, total) << "rank " << team.rank() << ": the shares overlap";
+    sms_sum += sms;
+    Ring ring(team);
+    EXPECT_EQ(ring.data->peer(team.rank()), ring.data->local());
+    EXPECT_NE(ring.data->peer(0), ring.data->peer(1));
+    for (int i = 0; i < 100; ++i) ring.call();
+    team.synchronize(ring.stream);
+    EXPECT_EQ(ring.read_errors(), 0ull) << "rank " << team.rank();
+    EXPECT_EQ(ring.sig->read_epoch(), epoch_t(100));
+    team.barrier(ring.stream);
+    team.synchronize(ring.stream);
+  });
+  EXPECT_LE(sms_sum.load(), total);
+  // Back on the primary context: the whole GPU again.
+  CCFUSE_CUDA_CHECK(cudaSetDevice(0));
+  EXPECT_EQ(gemm::current_device_sms(), total);
+}
+
+// A rank that fails leaves no other waiting in a collective: they fail too, and the world
+// reports the first failure, not the knock-on ones.
+TEST(GpuTeam, OneGpuWorldReportsTheFailedRank) {
+  CCFUSE_REQUIRE_GPUS(1);
+  try {
+    run_local_world({0, 0, 0}, [&](Team& team) {
+      if (team.rank() == 2) throw InvalidArgument("rank 2 gave up");
+      auto buf = team.alloc_symmetric(4096);  // collective: would wait for rank 2 forever
+      ADD_FAILURE() << "rank " << team.rank() << " passed a collective that rank 2 never joined";
+    });
+    ADD_FAILURE() << "run_local_world did not rethrow";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "rank 2 gave up");
+  }
+}
+
+TEST(GpuTeam, RunLocalWorldRejectsAGpuListedTwiceAmongOthers) {
+  try {
+    run_local_world({0, 1, 0}, [](Team&) { ADD_FAILURE() << "ran"; });
+    ADD_FAILURE() << "did not throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("list each GPU once, or one GPU for every rank"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

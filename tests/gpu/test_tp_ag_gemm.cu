@@ -49,7 +49,7 @@ void PrintTo(const Shape& s, std::ostream* os) {
 class FusedAgGemm : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   const Shape sh = GetParam();
   std::random_device rd;
   const uint64_t seed = rd();
@@ -101,7 +101,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
           static_cast<const __nv_bfloat16*>(a_full), d.k, static_cast<const __nv_bfloat16*>(b), nk ? d.k : d.n, nk, ref,
           d.m, d.n, d.k);
       CCFUSE_CUDA_CHECK_LAUNCH();
-      CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+      CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // not the device: see gpu_test_util.h
       op.run(in_place ? nullptr : a_r, b, c, s);
       team.synchronize(s);
       std::vector<uint16_t> gathered(full.size()), hc(size_t(d.m * d.n));
@@ -146,7 +146,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     CCFUSE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, last.size() * 2));
-    CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // not the device: see gpu_test_util.h
     for (int i = 0; i < 50; ++i) CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, s));
     team.synchronize(s);
     CCFUSE_CUDA_CHECK(cudaMemcpy(last.data(), c, last.size() * 2, cudaMemcpyDeviceToHost));
@@ -222,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   comm::run_local_world(all_devices(), [&](comm::Team& team) {
     const int w = team.world_size();
     // The constructor (collective) must throw InvalidArgument with exactly `message`.

@@ -92,7 +92,7 @@ double rel_error(DType t, const std::vector<uint16_t>& c, const std::vector<doub
 class FusedGemmReduce : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   const Case cs = GetParam();
   std::random_device rd;
   const uint64_t seed = rd();
@@ -161,7 +161,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
       }
       void* out = (ar && call == 2) ? ar->output() : c;
       CCFUSE_CUDA_CHECK(cudaMemset(out, 0xff, size_t(out_rows * d.n) * 2));  // NaN in bf16 and fp16
-      CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+      CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // not the device: see gpu_test_util.h
       run(a, b, out, s);
       team.synchronize(s);
       CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), out, hc.size() * 2, cudaMemcpyDeviceToHost));
@@ -191,7 +191,7 @@ TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
     CCFUSE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, hc.size() * 2));
-    CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // not the device: see gpu_test_util.h
     for (int i = 0; i < 50; ++i) CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, s));
     team.synchronize(s);
     CCFUSE_CUDA_CHECK(cudaMemcpy(again.data(), c, again.size() * 2, cudaMemcpyDeviceToHost));
@@ -263,7 +263,7 @@ void expect_invalid(F&& f, const std::string& message) {
 }
 
 TEST(FusedGemmReduceValidation, NamesTheArgumentAndTheRule) {
-  CCFUSE_REQUIRE_GPUS(2);
+  CCFUSE_REQUIRE_RANKS(2);
   comm::run_local_world(all_devices(), [&](comm::Team& team) {
     const int w = team.world_size();
     GemmRsDesc d;

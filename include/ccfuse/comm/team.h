@@ -13,11 +13,19 @@
 // ASSUMPTION: SymmetricBuffers and SignalSets are destroyed before the Team that made them (they
 // deregister their windows on its communicator).
 //
-// Three ways to make a Team:
+// Four ways to make a Team:
 //   (a) one process drives all local GPUs, one thread per GPU:   run_local_world(...)
 //       or Team::create(unique_id, rank, world_size, device) on each thread;
 //   (b) one process per GPU (torchrun / srun / mpirun):           Team::from_env()
 //   (c) around an existing communicator (e.g. PyTorch's):         Team::from_comm(comm)
+//   (d) W ranks sharing one GPU, for tests and emulation:        run_local_world({d, d, ...})
+//       Each rank is a thread with its own green context (a disjoint 1/W share of the SMs, so
+//       that every rank's persistent kernels are resident at once and waits between ranks make
+//       progress); "symmetric" buffers are plain allocations on that GPU whose addresses the
+//       ranks exchange; no NCCL communicator (comm() is null). The kernels, signals, watchdog
+//       and schedules are the multi-GPU ones; the transport is the GPU's own memory instead of
+//       NVLink, so timings say nothing about a multi-GPU run. Set CUDA_DEVICE_MAX_CONNECTIONS=32
+//       before the process starts (W ranks' streams must not share hardware queues).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -160,7 +168,10 @@ class Team {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   int device() const { return device_; }
+  // Null for a one-GPU world (mode d): no NCCL communicator there.
   ncclComm_t comm() const { return comm_; }
+  // True for mode (d): the ranks share one GPU, each in its own green context.
+  bool shares_device() const { return loopback_ != nullptr; }
   const ncclDevComm& dev_comm() const { return dev_comm_; }
   int64_t watchdog_ms() const { return watchdog_ms_; }
 
@@ -186,8 +197,16 @@ class Team {
  private:
   Team() = default;
   void init(ncclComm_t comm, bool owns_comm, TeamOptions options);
+  void init_common(TeamOptions options);  // watchdog record and the team barrier (both modes)
+  // Makes this rank's device current on the calling thread: its green context in mode (d).
+  void bind() const;
   friend class SymmetricBuffer;
   friend class SignalSet;
+  friend void run_local_world(const std::vector<int>&, const std::function<void(Team&)>&, TeamOptions);
+
+  struct Loopback;                       // mode (d): the ranks' meeting point (team.cu)
+  std::shared_ptr<Loopback> loopback_;   // null for an NCCL Team
+  void* green_ctx_ = nullptr;            // mode (d): this rank's CUcontext (from its green context)
 
   int rank_ = 0, world_size_ = 0, device_ = 0;
   bool owns_comm_ = false;
@@ -205,6 +224,9 @@ class Team {
 
 // Mode (a) helper: one thread per device, a Team each, fn(team) on every thread; rethrows the
 // first error (the root cause: a rank's own failure before any knock-on error of another).
+// The same device listed W >= 2 times is mode (d): W ranks on that GPU, each thread running fn
+// with its green context current (cudaSetDevice in fn would leave it: call it before, not in fn).
+// Devices listed twice among others are rejected.
 void run_local_world(const std::vector<int>& devices, const std::function<void(Team&)>& fn,
                      TeamOptions options = {});
 

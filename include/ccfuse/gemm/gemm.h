@@ -100,7 +100,8 @@ struct GemmConfig {
 // and leading dimensions; a tile shape the engine was built for.
 void validate(const GemmDesc& desc, const GemmConfig& config);
 
-// Multiprocessors of the current CUDA device (the default SM budget).
+// Multiprocessors of the current CUDA context (the default SM budget): the device's, or the
+// share of a green context that is current (a rank of a one-GPU world, comm/team.h mode d).
 int current_device_sms();
 
 // The engine's choice for a problem on `num_sms` SMs (tile shape by size, SM budget kept).
