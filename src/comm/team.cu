@@ -365,7 +365,8 @@ void run_local_world(const std::vector<int>& devices, const std::function<void(T
   }
   static const auto from_green = CCFUSE_DRIVER_FN(cuCtxFromGreenCtx, true);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::atomic<int> first_failed{-1};  // the root cause: others may fail because of it
+  // The root cause is the first failure in time, a timeout first: the others may follow from it.
+  std::atomic<int> first_failed{-1}, first_timeout{-1};
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -390,6 +391,13 @@ void run_local_world(const std::vector<int>& devices, const std::function<void(T
         errors[size_t(r)] = std::current_exception();
         int none = -1;
         first_failed.compare_exchange_strong(none, r);
+        try {
+          throw;
+        } catch (const TimeoutError&) {
+          none = -1;
+          first_timeout.compare_exchange_strong(none, r);
+        } catch (...) {
+        }
         if (hub) hub->barrier.abort();  // the other ranks' collectives fail instead of waiting
       }
       team.reset();  // after the abort: a failed rank's collective frees must not wait for the others
@@ -397,16 +405,7 @@ void run_local_world(const std::vector<int>& devices, const std::function<void(T
   }
   for (auto& t : threads) t.join();
   if (one_gpu) destroy_green_contexts(green);
-  // A TimeoutError is the root cause of whatever other ranks then saw; report it first.
-  for (auto& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const TimeoutError&) {
-      throw;
-    } catch (...) {
-    }
-  }
+  if (first_timeout.load() >= 0) std::rethrow_exception(errors[size_t(first_timeout.load())]);
   if (first_failed.load() >= 0) std::rethrow_exception(errors[size_t(first_failed.load())]);
 }
 
