@@ -350,12 +350,15 @@ void run_local_world(const std::vector<int>& devices, const std::function<void(T
                      num_devices, ") (CUDA devices present)");
     CCFUSE_ARG_CHECK(n <= kMaxLsaRanks, "world size ", n, " exceeds the ", kMaxLsaRanks,
                      " ranks one NVLink domain may have in ccfuse");
+    // Both are read when CUDA starts, so they can only be asked for here.
     static std::once_flag warned;
-    if (std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr)
+    const char* loading = std::getenv("CUDA_MODULE_LOADING");
+    if (std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") == nullptr || loading == nullptr || std::string(loading) != "EAGER")
       std::call_once(warned, [] {
-        std::fprintf(stderr, "ccfuse: a one-GPU world without CUDA_DEVICE_MAX_CONNECTIONS: the ranks' streams share "
-                             "8 hardware queues, where a kernel may wait behind a peer's (set it to 32 before the "
-                             "process starts)\n");
+        std::fprintf(stderr, "ccfuse: a one-GPU world wants CUDA_MODULE_LOADING=EAGER (a kernel's first launch under "
+                             "lazy loading waits for the running kernels, a peer's among them) and "
+                             "CUDA_DEVICE_MAX_CONNECTIONS=32 (the ranks' streams must not share hardware queues), "
+                             "set before the process starts; without them a rank may time out\n");
       });
     green = make_green_contexts(devices[0], n);
     hub = std::make_shared<Team::Loopback>(n);

@@ -312,6 +312,13 @@ TEST(GpuTeam, OneGpuWorldHostCallsDoNotWaitForAPeersKernel) {
     CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     int* dflag = nullptr;
     CCFUSE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dflag), flag, 0));
+    // Both kernels launched once first: under lazy loading (the default without
+    // CUDA_MODULE_LOADING=EAGER) a kernel's first launch waits for the running kernels.
+    *reinterpret_cast<volatile int*>(flag) = 1;
+    spin_on_host_flag<<<1, 32, 0, s>>>(dflag, 0);
+    touch<<<1, 1, 0, s>>>(dev);
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
+    hb.arrive_and_wait();
     for (int op = 0; op < kOps; ++op) {
       hb.arrive_and_wait();
       if (team.rank() == 0) {

@@ -24,8 +24,10 @@
 //       progress); "symmetric" buffers are plain allocations on that GPU whose addresses the
 //       ranks exchange; no NCCL communicator (comm() is null). The kernels, signals, watchdog
 //       and schedules are the multi-GPU ones; the transport is the GPU's own memory instead of
-//       NVLink, so timings say nothing about a multi-GPU run. Set CUDA_DEVICE_MAX_CONNECTIONS=32
-//       before the process starts (W ranks' streams must not share hardware queues).
+//       NVLink, so timings say nothing about a multi-GPU run. Set CUDA_MODULE_LOADING=EAGER and
+//       CUDA_DEVICE_MAX_CONNECTIONS=32 before the process starts: under lazy loading a kernel's
+//       first launch waits for the GPU's running kernels (a peer's too), and W ranks' streams
+//       must not share hardware queues.
 #pragma once
 
 #include <cuda_runtime.h>
