@@ -239,6 +239,11 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.block_n != 192 || (d.n % 8 == 0 && cfg.cluster_m == 1 && cfg.transport == AgTransport::kSendWarps),
                    "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (", d.n,
                    ") a multiple of 8, cluster_m 1 (got ", cfg.cluster_m, ") and the send-warp transport");
+  // Measured 2026-12-06 (one H100, W = 2): every rank's copies waited while both GEMMs waited
+  // for them, until the watchdog (a same-GPU copy is not a peer copy engine transfer).
+  CCFUSE_ARG_CHECK(cfg.transport != AgTransport::kCopyEngine || !team.shares_device(),
+                   "transport copy-engine needs every rank on its own GPU: in a one-GPU world (ranks sharing GPU ",
+                   team.device(), ") the copies do not run beside the GEMMs that wait for them");
   const int gemm_ctas = cfg.num_sms > 0 ? cfg.num_sms : gemm::current_device_sms();
   s_->block_n = auto_block_n(cfg, d, gemm_ctas);
   if (cfg.push_spread_us < 0) {  // auto: a fraction of the model's time for one band (tp::ag_push_spread_us)

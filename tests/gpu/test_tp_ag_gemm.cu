@@ -51,6 +51,12 @@ class FusedAgGemm : public ::testing::TestWithParam<Shape> {};
 TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
   CCFUSE_REQUIRE_RANKS(2);
   const Shape sh = GetParam();
+  if (sh.transport == AgTransport::kCopyEngine && ccfuse::testing::one_gpu_ranks() > 0)
+    GTEST_SKIP() << "the copy-engine transport needs a GPU per rank (rejected in a one-GPU world)";
+  const int64_t world = int64_t(all_devices().size());
+  if (sh.m % (world * 128) != 0 || (sh.cluster_m == 2 && sh.m % (world * 256) != 0))
+    GTEST_SKIP() << "m " << sh.m << " is not a multiple of " << world << " ranks x " << 128 * sh.cluster_m
+                 << " rows (ag_gemm's rule; the validation test covers the error)";
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " m ", sh.m, " n ", sh.n, " k ", sh.k));
@@ -246,6 +252,12 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
     cfg.transport = AgTransport::kCopyEngine;
     cfg.copy_rows = 384;
     expect_error(d, cfg, "copy_rows 384 must be 0 (auto) or a multiple of 128 that divides m / world_size = 512");
+    if (team.shares_device()) {
+      cfg.copy_rows = 0;
+      expect_error(d, cfg, detail::str_cat("transport copy-engine needs every rank on its own GPU: in a one-GPU world "
+                                           "(ranks sharing GPU ", team.device(),
+                                           ") the copies do not run beside the GEMMs that wait for them"));
+    }
     d.m = 384 * w;
     cfg = AgGemmConfig{};
     cfg.cluster_m = 2;
