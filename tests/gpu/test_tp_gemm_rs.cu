@@ -94,6 +94,10 @@ class FusedGemmReduce : public ::testing::TestWithParam<Case> {};
 TEST_P(FusedGemmReduce, MatchesFp64AcrossCallsBackToBackAndGraphs) {
   CCFUSE_REQUIRE_RANKS(2);
   const Case cs = GetParam();
+  const int64_t world = int64_t(all_devices().size());
+  if (cs.cluster_m == 2 && ((cs.m / world + 127) / 128) % 2 != 0)
+    GTEST_SKIP() << "cluster_m 2 needs an even number of 128-row tiles per band: m " << cs.m << " over " << world
+                 << " ranks does not give one (the validation test covers the error)";
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " case ", case_name(cs)));
