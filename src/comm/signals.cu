@@ -39,9 +39,12 @@ std::unique_ptr<SignalSet> Team::make_signals(const std::string& name, int num_s
   set->name_ = name;
   set->num_signals_ = num_signals;
   const size_t num_flags = size_t(num_signals) + size_t(world_size_);
-  set->flags_ = alloc_symmetric(num_flags * sizeof(epoch_t));
+  // The epoch before the flags: the collective is the last step, so that no rank is still
+  // allocating (cudaMalloc may wait for the GPU's running kernels) once a peer that left the
+  // collective launches kernels that wait for it (a one-GPU world; harmless elsewhere).
   CCFUSE_CUDA_CHECK(cudaMalloc(&set->epoch_, sizeof(epoch_t)));
   CCFUSE_CUDA_CHECK(cudaMemset(set->epoch_, 0, sizeof(epoch_t)));
+  set->flags_ = alloc_symmetric(num_flags * sizeof(epoch_t));
   DeviceSignals& d = set->dev_;
   for (int r = 0; r < world_size_; ++r) d.flags[r] = static_cast<epoch_t*>(set->flags_->peer(r));
   d.epoch = set->epoch_;

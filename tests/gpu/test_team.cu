@@ -61,11 +61,13 @@ struct Ring {
   cudaStream_t stream = nullptr;
 
   explicit Ring(Team& team) {
-    data = team.alloc_symmetric(size_t(kTiles) * kTileElems * sizeof(uint32_t));
-    sig = team.make_signals("test.ring", kTiles);
+    // Plain allocations first, the collectives last: in a one-GPU world a cudaMalloc after them
+    // may wait for a peer's first call, which waits for this rank (docs/foundation.md).
     CCFUSE_CUDA_CHECK(cudaMalloc(&errors, sizeof(*errors)));
     CCFUSE_CUDA_CHECK(cudaMemset(errors, 0, sizeof(*errors)));
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    data = team.alloc_symmetric(size_t(kTiles) * kTileElems * sizeof(uint32_t));
+    sig = team.make_signals("test.ring", kTiles);
   }
   ~Ring() {
     cudaStreamDestroy(stream);
