@@ -172,6 +172,7 @@ TEST(GpuTeam, WatchdogNamesTheSilentRankAndSignal) {
   std::atomic<int> timeouts{0};
   ccfuse::testing::HostBarrier host_barrier(int(all_devices().size()));
   run_local_world(all_devices(), [&](Team& team) {
+   try {
     Ring ring(team);
     ring.call();
     team.synchronize(ring.stream);  // a healthy call first
@@ -201,6 +202,10 @@ TEST(GpuTeam, WatchdogNamesTheSilentRankAndSignal) {
     EXPECT_EQ(ring.read_errors(), 0ull);
     team.barrier(ring.stream);
     team.synchronize(ring.stream);
+   } catch (...) {
+    host_barrier.abort();  // a rank that failed early must not leave the others at the host barrier
+    throw;
+   }
   }, TeamOptions{kBoundMs});
   EXPECT_EQ(timeouts.load(), 1);
 }
