@@ -316,7 +316,10 @@ void Team::check_watchdog() const {
 
 void Team::reset_watchdog() {
   bind();
-  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  // In a one-GPU world no device sync: it would also wait for the other ranks' kernels
+  // (measured), which may wait for this rank's next call. There the caller's stream is idle
+  // already (Team::synchronize threw); work on its other streams is not waited for.
+  if (!loopback_) CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
   std::memset(watchdog_, 0, sizeof(WatchdogRecord));
   CCFUSE_CUDA_CHECK(cudaMemset(watchdog_claim_, 0, sizeof(int32_t)));
 }

@@ -187,7 +187,9 @@ class Team {
 
   // Throws TimeoutError if a device wait of this rank passed its bound since the last reset.
   void check_watchdog() const;
-  // Clears the record (after a handled timeout, so the Team can be used again).
+  // Clears the record (after a handled timeout, so the Team can be used again). Waits for the
+  // device first, except in a one-GPU world (mode d), where only the stream that
+  // synchronize() saw fail is known to be idle.
   void reset_watchdog();
   // cudaStreamSynchronize + launch errors + check_watchdog.
   void synchronize(cudaStream_t stream) const;
