@@ -111,8 +111,8 @@ int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, 
       d.k = k;
       d.b_layout = layout;
       // The tuner's transport, as `ccfuse bench` runs it (the copy engine where the push is
-      // dense, tp::ag_copy_engine_pays); shapes it does not take (M / W not whole 128-row
-      // chunks, ...) keep the default, send warps, and AgGemm checks them.
+      // dense, tp::ag_copy_engine_pays); shapes it does not take (W not dividing M, ...) keep
+      // the default, send warps, and AgGemm checks them.
       ccfuse::tp::AgGemmConfig cfg;
       ccfuse::tp::TpProblem p;
       p.op = "ag_gemm";
@@ -122,7 +122,7 @@ int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, 
       p.k_per_rank = k;
       p.dtype = d.dtype;
       p.num_sms = ccfuse::gemm::current_device_sms();
-      if (m > 0 && n > 0 && k > 0 && m % w == 0 && (m / w) % 128 == 0) {
+      if (m > 0 && n > 0 && k > 0 && m % w == 0) {
         try {
           if (ccfuse::tp::choose_tp_config(p).transport == "copy-engine")
             cfg.transport = ccfuse::tp::AgTransport::kCopyEngine;

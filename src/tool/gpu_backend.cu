@@ -47,12 +47,8 @@ namespace {
 using comm::Team;
 
 bool is_ag(const Options& o) { return o.op == "ag_gemm"; }
-// The fused kernels built so far: ag_gemm v1 (bf16, M / W a multiple of 128); gemm_rs and
-// gemm_ar v1 (bf16 or fp16; the tool's 16-bit type is bf16).
-bool has_fused(const Options& o) {
-  if (is_ag(o)) return o.dtype == DType::kBFloat16 && (o.m / o.world_size) % 128 == 0;
-  return o.dtype == DType::kBFloat16;
-}
+// The fused kernels: ag_gemm, gemm_rs and gemm_ar (bf16 or fp16; the tool's 16-bit type is bf16).
+bool has_fused(const Options& o) { return o.dtype == DType::kBFloat16; }
 // The tuner's choice for the fused op (include/ccfuse/tp/tuner.h): the configs below follow it.
 tp::TpChoice tuned(const Options& o, int sms) {
   tp::TpProblem p;

@@ -22,12 +22,16 @@ constexpr int kMaxAgRanks = 8;
 
 // The schedule of one rank's fused ag_gemm kernel (see sm90_gemm.cuh for the hooks): bands in
 // rank-rotated order, own band first (banded_tiles.cuh). The producer of a tile waits for its
-// 128-row chunk: all `pieces` flags of it, published by the band's rank.
+// 128-row chunk: all `pieces` flags of it, published by the band's rank. A band of M / W rows
+// not a multiple of 128 ends in a short chunk; its tile's rows past the band (the next band's
+// rows, or TMA's zeros past M) are computed from whatever is there and never stored.
 struct AgSchedule : BandedTiles {
   int block_n = 256;  // the kernel's tile width (launch_ag_layout picks the Traits by it)
   int pieces = 1;
-  // Chunks per flag: 1 with send warps; copy_rows / 128 with the copy engine (one flag a copy).
+  // Chunks per flag: 1 with send warps; copy_rows / 128 with the copy engine (one flag a copy),
+  // and flags (of `pieces` each) per band: m_tiles_per_band, or the copies of a band.
   int chunks_per_flag = 1;
+  int flags_per_band = 0;
   // The own band is in the gather buffer before the kernel starts (copy engine, the caller wrote
   // local_a()): its tiles wait for nothing.
   bool own_ready = false;
@@ -47,9 +51,9 @@ struct AgSchedule : BandedTiles {
 
   static constexpr bool kHasReady = true;
   static constexpr bool kHasSide = false;
-  // Bands are whole 128-row tiles (checked by AgGemm's constructor): tiles end at M or inside
-  // it only where a band ends on a tile boundary, so the TMA-store epilogue may store them.
-  static constexpr bool kTmaStoreOk = true;
+  // A band's last tile may end inside M (M / W not a multiple of 128): the engine stores whole
+  // tiles through TMA and a cut one from registers, which stop at the band's end.
+  static constexpr bool kTmaStoreOk = false;
 
   __device__ bool wait_ready(const gemm::TileWork& w) {
     if (alt_a(w)) return true;
@@ -63,8 +67,9 @@ struct AgSchedule : BandedTiles {
     }
     if (epoch == 0) epoch = comm::current_epoch(sig);
     bool ok = true;
-    const int flag0 = chunk / chunks_per_flag * pieces;
-    for (int pc = 0; pc < pieces && ok; ++pc) ok = comm::wait(sig, flag0 + pc, epoch, chunk / m_tiles_per_band);
+    const int band = chunk / m_tiles_per_band;
+    const int flag0 = (band * flags_per_band + chunk % m_tiles_per_band / chunks_per_flag) * pieces;
+    for (int pc = 0; pc < pieces && ok; ++pc) ok = comm::wait(sig, flag0 + pc, epoch, band);
     // The rows were written through the generic proxy (by a peer, or this GPU's send warps); TMA
     // reads them through the async proxy.
     asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -75,7 +80,8 @@ struct AgSchedule : BandedTiles {
 
 // The epilogue stores to the local C as usual; its send warps push this rank's A band, before
 // any tile, into every rank's gather buffer, one piece of a 128-row chunk at a time, each
-// released with its own flag: to the peers first (rank + 1, ...), to this rank's own gather
+// released with its own flag (a piece past the end of a short last chunk copies nothing and is
+// flagged all the same): to the peers first (rank + 1, ...), to this rank's own gather
 // buffer last (for gathered_a(): its own tiles read A_r in place), or only to the peers when A_r
 // was written into local_a() by the caller. Pieces are spread over
 // all GEMM CTAs so that the whole chip's NVLink bandwidth serves the push.
@@ -86,6 +92,7 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
   char* gather[kMaxAgRanks] = {};            // every rank's gather buffer [M, K]
   int64_t band_offset_bytes = 0;             // rank * m_local * K * 2
   int64_t row_bytes = 0;                     // K * 2
+  int64_t m_local = 0;                       // rows of a band (M / W)
   int rank = 0, world = 1, m_tiles_per_band = 0, pieces = 1, rows_per_piece = kBlockM;
   int push_ctas = 0;  // 0: every CTA pushes
   bool copy_own = true;      // AgGemmConfig::return_gathered: also fill this rank's own gather slot
@@ -104,14 +111,15 @@ struct AgPushEpilogue : gemm::sm90::PlainEpilogue {
     for (int64_t piece = cta; piece < total; piece += pushers) {
       pace_until(t0, spread_ns, piece, total);  // piece i of the band not before t0 + i / total of the spread
       const int chunk = int(piece / pieces), pc = int(piece % pieces);
-      const int64_t offset = band_offset_bytes + (int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece) * row_bytes;
-      const int64_t bytes = int64_t(rows_per_piece) * row_bytes;
+      const int64_t row0 = int64_t(chunk) * kBlockM + int64_t(pc) * rows_per_piece;
+      const int64_t offset = band_offset_bytes + row0 * row_bytes;
+      const int64_t bytes = max(int64_t(0), min(int64_t(rows_per_piece), m_local - row0)) * row_bytes;
       for (int i = 1; i <= world; ++i) {
         // With A_r in place in local_a() (src null) this rank's own flags go first: its own tiles
         // read the gather buffer and wait for them (there is nothing to copy).
         const int p = src != nullptr ? (rank + i) % world : (rank + i - 1) % world;
         if (src != nullptr && p == rank && !copy_own) continue;  // nobody reads that slot or waits for its flag
-        if (src != nullptr || p != rank)
+        if ((src != nullptr || p != rank) && bytes > 0)
           copy_contiguous(src != nullptr ? src + (offset - band_offset_bytes) : gather[rank] + offset, gather[p] + offset,
                           bytes, tid, num_threads);
         asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
@@ -156,10 +164,11 @@ struct AgGemm::State {
   }
 };
 
-// Rows per copy of the copy engine: the most 128-row chunks (a power of two dividing the band)
-// that keep a copy at or under 4 MiB and the band at 4 or more copies; at least one chunk.
+// Rows per copy of the copy engine: the most 128-row chunks (a power of two dividing the band's
+// chunks, the last one short where M / W is not a multiple of 128) that keep a copy at or under
+// 4 MiB and the band at 4 or more copies; at least one chunk.
 int auto_copy_rows(int64_t m_local, int64_t k) {
-  const int64_t chunks = m_local / kBlockM, chunk_bytes = kBlockM * k * 2;
+  const int64_t chunks = ceil_div(m_local, int64_t(kBlockM)), chunk_bytes = kBlockM * k * 2;
   int64_t c = 1;
   while (chunks % (2 * c) == 0 && 2 * c * chunk_bytes <= (int64_t(4) << 20) && chunks / (2 * c) >= 4) c *= 2;
   return int(c * kBlockM);
@@ -216,8 +225,6 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(d.m > 0 && d.n > 0 && d.k > 0, "m, n, k must be positive (got ", d.m, ", ", d.n, ", ", d.k, ")");
   CCFUSE_ARG_CHECK(d.m % w == 0, "m ", d.m, " is not divisible by the world size ", w);
   s_->m_local = d.m / w;
-  CCFUSE_ARG_CHECK(s_->m_local % kBlockM == 0, "m / world_size = ", s_->m_local,
-                   " must be a multiple of 128 (ag_gemm sends whole 128-row tiles)");
   CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "ag_gemm: dtype must be bf16 or fp16, not ",
                    dtype_name(d.dtype));
   CCFUSE_ARG_CHECK(cfg.push_ctas >= 0, "push_ctas ", cfg.push_ctas, " must not be negative (0 = every CTA)");
@@ -230,9 +237,8 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
   CCFUSE_ARG_CHECK(cfg.cluster_m == 1 || cfg.cluster_m == 2, "cluster_m ", cfg.cluster_m, " must be 1 or 2");
   CCFUSE_ARG_CHECK(cfg.cluster_m != 2 || s_->m_local % (2 * kBlockM) == 0, "cluster_m 2 needs m / world_size = ",
                    s_->m_local, " to be a multiple of 256 (tile pairs inside a band)");
-  CCFUSE_ARG_CHECK(cfg.copy_rows == 0 || (cfg.copy_rows > 0 && cfg.copy_rows % kBlockM == 0 && s_->m_local % cfg.copy_rows == 0),
-                   "copy_rows ", cfg.copy_rows, " must be 0 (auto) or a multiple of 128 that divides m / world_size = ",
-                   s_->m_local);
+  CCFUSE_ARG_CHECK(cfg.copy_rows == 0 || (cfg.copy_rows > 0 && cfg.copy_rows % kBlockM == 0),
+                   "copy_rows ", cfg.copy_rows, " must be 0 (auto) or a positive multiple of 128");
   gemm::validate(gemm::make_desc(d.m, d.n, d.k, d.dtype, d.b_layout), gemm::GemmConfig{128, 256, 64, 4, 0});
   CCFUSE_ARG_CHECK(cfg.block_n == 0 || cfg.block_n == 256 || cfg.block_n == 192, "block_n ", cfg.block_n,
                    " must be 0 (= 256), 256 or 192");
@@ -258,10 +264,11 @@ AgGemm::AgGemm(comm::Team& team, const AgGemmDesc& d, AgGemmConfig cfg) : s_(new
     s_->cfg.push_spread_us = cfg.transport == AgTransport::kSendWarps ? ag_push_spread_us(p, cfg.push_spread_fraction) : 0;
   }
   s_->gather = team.alloc_symmetric(size_t(d.m * d.k) * 2);
-  s_->sig = team.make_signals("ag_gemm", int(d.m / kBlockM) * 32);  // room for 32 pieces per chunk
+  const int64_t chunks = ceil_div(s_->m_local, int64_t(kBlockM));  // per band
+  s_->sig = team.make_signals("ag_gemm", int(w * chunks) * 32);      // room for 32 pieces per chunk
   if (cfg.transport == AgTransport::kCopyEngine) {
     s_->copy_rows = cfg.copy_rows > 0 ? cfg.copy_rows : auto_copy_rows(s_->m_local, d.k);
-    s_->ce_sig = team.make_signals("ag_gemm.copy_engine", int(d.m / s_->copy_rows));
+    s_->ce_sig = team.make_signals("ag_gemm.copy_engine", int(w * ceil_div(s_->m_local, int64_t(s_->copy_rows))));
     CCFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&s_->start, cudaEventDisableTiming));
     for (int i = 1; i < w; ++i) {
       cudaStream_t st = nullptr;
@@ -339,7 +346,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   const int64_t row_bytes = d.k * 2, band_offset = int64_t(team.rank()) * s_->m_local * row_bytes;
   char* gather_local = static_cast<char*>(s_->gather->local());
   AgSchedule sched;
-  sched.m_tiles_per_band = int(s_->m_local / kBlockM);
+  sched.m_tiles_per_band = int(ceil_div(s_->m_local, int64_t(kBlockM)));
+  sched.flags_per_band = sched.m_tiles_per_band;
   sched.block_n = s_->block_n;
   sched.n_tiles = int(ceil_div(d.n, s_->block_n));
   sched.group_m = s_->cfg.group_m;
@@ -350,11 +358,13 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   sched.alt_a_row0 = int64_t(sched.rank) * s_->m_local;
   if (ce) {
     // This rank's band to every peer on that peer's side stream (rank + 1 first), copy_rows rows
-    // a copy, each followed by its flag (= 1, zeroed by the next call's begin_call); then into
+    // a copy (the last one short where copy_rows does not divide the band), each followed by its
+    // flag (= 1, zeroed by the next call's begin_call); then into
     // this rank's own gather buffer (gathered_a()) when A_r came from a_local. Enqueued before
     // the GEMM so that the first copy starts with it.
     const char* src = a_local != nullptr ? static_cast<const char*>(a_local) : gather_local + band_offset;
-    const int64_t copies = s_->m_local / s_->copy_rows, copy_bytes = s_->copy_rows * row_bytes;
+    const int64_t copies = ceil_div(s_->m_local, int64_t(s_->copy_rows)), copy_bytes = s_->copy_rows * row_bytes;
+    const int64_t band_bytes = s_->m_local * row_bytes;
     const comm::DeviceSignals& ce_dev = s_->ce_sig->device();
     CCFUSE_CUDA_CHECK(cudaEventRecord(s_->start, stream));
     for (int i = 1; i < sched.world; ++i) {
@@ -363,7 +373,8 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
       CCFUSE_CUDA_CHECK(cudaStreamWaitEvent(side, s_->start, 0));
       char* dst = static_cast<char*>(s_->gather->peer(p)) + band_offset;
       for (int64_t cp = 0; cp < copies; ++cp) {
-        CCFUSE_CUDA_CHECK(cudaMemcpyAsync(dst + cp * copy_bytes, src + cp * copy_bytes, size_t(copy_bytes),
+        CCFUSE_CUDA_CHECK(cudaMemcpyAsync(dst + cp * copy_bytes, src + cp * copy_bytes,
+                                          size_t(std::min(copy_bytes, band_bytes - cp * copy_bytes)),
                                           cudaMemcpyDeviceToDevice, side));
         comm::stream_write_flag(side, ce_dev.flags[p] + sched.rank * copies + cp, 1);
       }
@@ -376,6 +387,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
     sched.sig = ce_dev;
     sched.epoch = 1;
     sched.chunks_per_flag = s_->copy_rows / kBlockM;
+    sched.flags_per_band = int(copies);
     sched.own_ready = true;
     AgCeEpilogue epi;
     epi.trace = s_->trace;
@@ -397,6 +409,7 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   for (int r = 0; r < sched.world; ++r) epi.gather[r] = static_cast<char*>(s_->gather->peer(r));
   epi.band_offset_bytes = band_offset;
   epi.row_bytes = row_bytes;
+  epi.m_local = s_->m_local;
   epi.rank = sched.rank;
   epi.world = sched.world;
   epi.m_tiles_per_band = sched.m_tiles_per_band;

@@ -132,8 +132,6 @@ void check_problem(const TpProblem& p) {
   CCFUSE_ARG_CHECK(p.m > 0 && p.n > 0 && p.k_per_rank > 0, "m, n, k_per_rank must be positive (got ", p.m, ", ",
                    p.n, ", ", p.k_per_rank, ")");
   CCFUSE_ARG_CHECK(p.m % p.world_size == 0, "m ", p.m, " is not divisible by world_size ", p.world_size);
-  CCFUSE_ARG_CHECK(p.op != "ag_gemm" || (p.m / p.world_size) % kChunkRows == 0, "ag_gemm: m / world_size = ",
-                   p.m / p.world_size, " must be a multiple of 128 (whole 128-row chunks)");
   CCFUSE_ARG_CHECK(p.num_sms > 0, "num_sms ", p.num_sms, " must be positive");
   CCFUSE_ARG_CHECK(p.link_gbps >= 0 && std::isfinite(p.link_gbps), "link_gbps ", p.link_gbps,
                    " must be >= 0 (0 = the model's default)");

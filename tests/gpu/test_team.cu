@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -52,6 +54,50 @@ __global__ void ring_tiles_kernel(DeviceSignals sig, SymmetricView<uint32_t> dat
   if (bad) atomicAdd(errors, bad);
 }
 
+__global__ void stamp_kernel(unsigned long long* out) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *out = t;
+}
+
+// Where each rank's time goes in a ring test (one-GPU worlds of W >= 4 were late on their first
+// call or stalled in the graph test, 2026-12-06): host steps and the moment the rank's stream
+// got to them on the GPU (globaltimer, in mapped host memory so that a stalled run still shows
+// what ran), as ms since the test began. Printed as they happen (a hung run still tells where it
+// was) when W >= 4 in a one-GPU world, else only at a failure.
+struct Stamps {
+  static constexpr int kGpuSlots = 8;
+  const bool verbose = ccfuse::testing::one_gpu_ranks() >= 4;
+  const double t0_ms = now_ms();
+  std::mutex mu;
+  std::vector<std::string> lines;
+  static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  void host(int rank, const char* what) {
+    char line[160];
+    std::snprintf(line, sizeof(line), "[ stamp ] rank %d host +%.3f ms %s", rank, now_ms() - t0_ms, what);
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back(line);
+    if (verbose) std::printf("%s\n", line), std::fflush(stdout);
+  }
+  // The GPU's stamps of one rank (slots a kernel wrote, 0 = not reached), then every line if asked.
+  void gpu(int rank, const unsigned long long* slots, const char* const* names, int n) {
+    for (int i = 0; i < n; ++i) {
+      char line[160];
+      if (slots[i] == 0) std::snprintf(line, sizeof(line), "[ stamp ] rank %d gpu  (not reached) %s", rank, names[i]);
+      else std::snprintf(line, sizeof(line), "[ stamp ] rank %d gpu  +%.3f ms %s", rank, double(slots[i]) * 1e-6 - t0_ms, names[i]);
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+      if (verbose) std::printf("%s\n", line), std::fflush(stdout);
+    }
+  }
+  ~Stamps() {
+    if (verbose || !::testing::Test::HasFailure()) return;
+    for (const auto& l : lines) std::printf("%s\n", l.c_str());
+  }
+};
+
 struct Ring {
   static constexpr int kTiles = 48;
   static constexpr int kTileElems = 8192;  // 32 KiB a tile
@@ -66,13 +112,24 @@ struct Ring {
     CCFUSE_CUDA_CHECK(cudaMalloc(&errors, sizeof(*errors)));
     CCFUSE_CUDA_CHECK(cudaMemset(errors, 0, sizeof(*errors)));
     CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CCFUSE_CUDA_CHECK(cudaHostAlloc(&stamps, sizeof(unsigned long long) * Stamps::kGpuSlots, cudaHostAllocMapped));
+    std::memset(stamps, 0, sizeof(unsigned long long) * Stamps::kGpuSlots);
     data = team.alloc_symmetric(size_t(kTiles) * kTileElems * sizeof(uint32_t));
     sig = team.make_signals("test.ring", kTiles);
   }
   ~Ring() {
     cudaStreamDestroy(stream);
     cudaFree(errors);
+    cudaFreeHost(stamps);
   }
+  // The GPU writes the time it reaches this point of the stream into slot i.
+  void stamp(int i) {
+    unsigned long long* d = nullptr;
+    CCFUSE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d), stamps, 0));
+    stamp_kernel<<<1, 1, 0, stream>>>(d + i);
+    CCFUSE_CUDA_CHECK_LAUNCH();
+  }
+  unsigned long long* stamps = nullptr;  // mapped host memory, Stamps::kGpuSlots
   void call(int skip_publish_rank = -1) {
     sig->begin_call(stream);
     ring_tiles_kernel<<<2 * kTiles, 256, 0, stream>>>(sig->device(), data->view<uint32_t>(), kTiles, kTileElems,
@@ -116,12 +173,29 @@ TEST(GpuTeam, RanksAndPeerPointers) {
 
 TEST(GpuTeam, ThousandCallsBackToBackNoStaleFlag) {
   CCFUSE_REQUIRE_RANKS(2);
+  Stamps stamps;
   run_local_world(all_devices(), [&](Team& team) {
+    const int rank = team.rank();
+    stamps.host(rank, "in the rank's thread");
     Ring ring(team);
+    stamps.host(rank, "ring built (collectives done)");
     constexpr int kCalls = 1000;
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) ring.call();  // no host sync in between
-    team.synchronize(ring.stream);
+    ring.stamp(0);
+    ring.call();
+    ring.stamp(1);
+    stamps.host(rank, "first call enqueued");
+    for (int i = 1; i < kCalls; ++i) ring.call();  // no host sync in between
+    stamps.host(rank, "all calls enqueued");
+    const char* const gpu_names[2] = {"stream reached the first call", "first call done"};
+    try {
+      team.synchronize(ring.stream);
+    } catch (...) {
+      stamps.host(rank, "synchronize threw");
+      stamps.gpu(rank, ring.stamps, gpu_names, 2);
+      throw;
+    }
+    stamps.gpu(rank, ring.stamps, gpu_names, 2);
     std::printf("[ info ] rank %d: %d ring calls in %.1f ms\n", team.rank(), kCalls,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     EXPECT_EQ(ring.read_errors(), 0ull) << "rank " << team.rank();
@@ -136,23 +210,42 @@ TEST(GpuTeam, CudaGraphReplaysAdvanceTheEpoch) {
   // Host meeting points around the capture: in a one-GPU world, one rank's capture and
   // instantiation must not overlap a peer's kernels that wait for that rank (suspected from a
   // W = 4 and W = 8 run, 2026-12-06: not confirmed); between GPUs they are no-ops in effect.
+  // The graph is uploaded before the replays: a first launch that uploads it might wait like a
+  // lazily loaded kernel (not confirmed).
   ccfuse::testing::HostBarrier host_barrier(int(all_devices().size()));
+  Stamps stamps;
   run_local_world(all_devices(), [&](Team& team) {
+   const int rank = team.rank();
+   const char* const gpu_names[3] = {"stream reached the eager call", "eager call done", "replays done"};
    try {
+    stamps.host(rank, "in the rank's thread");
     Ring ring(team);
+    stamps.host(rank, "ring built (collectives done)");
+    ring.stamp(0);
     ring.call();  // one eager call first: graph replays continue from the device epoch
+    ring.stamp(1);
     team.synchronize(ring.stream);
+    stamps.host(rank, "eager call synchronized");
     host_barrier.arrive_and_wait();
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CCFUSE_CUDA_CHECK(cudaStreamBeginCapture(ring.stream, cudaStreamCaptureModeThreadLocal));
     ring.call();
     CCFUSE_CUDA_CHECK(cudaStreamEndCapture(ring.stream, &graph));
+    stamps.host(rank, "captured");
     CCFUSE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    stamps.host(rank, "instantiated");
+    CCFUSE_CUDA_CHECK(cudaGraphUpload(exec, ring.stream));
+    CCFUSE_CUDA_CHECK(cudaStreamSynchronize(ring.stream));
+    stamps.host(rank, "uploaded");
     host_barrier.arrive_and_wait();
     constexpr int kReplays = 300;
     for (int i = 0; i < kReplays; ++i) CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, ring.stream));
+    ring.stamp(2);
+    stamps.host(rank, "replays enqueued");
     team.synchronize(ring.stream);
+    stamps.host(rank, "replays synchronized");
+    stamps.gpu(rank, ring.stamps, gpu_names, 3);
     EXPECT_EQ(ring.read_errors(), 0ull);
     EXPECT_EQ(ring.sig->read_epoch(), epoch_t(1 + kReplays));
     cudaGraphExecDestroy(exec);
@@ -160,6 +253,7 @@ TEST(GpuTeam, CudaGraphReplaysAdvanceTheEpoch) {
     team.barrier(ring.stream);
     team.synchronize(ring.stream);
    } catch (...) {
+    stamps.host(rank, "failed");
     host_barrier.abort();  // no rank waits at the host for one that failed
     throw;
    }

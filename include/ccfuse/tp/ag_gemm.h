@@ -44,8 +44,9 @@ const char* transport_name(AgTransport t);  // "sm-send-warps" | "copy-engine" (
 
 struct AgGemmConfig {
   AgTransport transport = AgTransport::kSendWarps;
-  // Copy engine only: rows per copy (and flag); a multiple of 128 dividing M / W. 0 = auto
-  // (about 4 MiB per copy, at least 4 copies per band where the band allows).
+  // Copy engine only: rows per copy (and flag); a positive multiple of 128 (a band's last copy
+  // is short where it does not divide M / W). 0 = auto (about 4 MiB per copy, at least 4
+  // copies per band where the band allows).
   int copy_rows = 0;
   // CTAs per cluster along M: 1, or 2 (B multicast to vertically adjacent tiles, as the plain
   // GEMM does; needs M / W a multiple of 256). Measured 2026-11-30: 2 was 0-3 % slower on the TP
@@ -97,8 +98,8 @@ std::string to_string(const AgGemmConfig& config, int num_sms, const AgGemmDesc*
 class AgGemm {
  public:
   // Collective over the Team. Throws InvalidArgument naming the rule: world size divides M (and
-  // is at most 8), M / W a multiple of 128 (chunks are whole row tiles), bf16 or fp16, TMA
-  // alignment of K and N.
+  // is at most 8), bf16 or fp16, TMA alignment of K and N; cluster_m 2 needs M / W a multiple of
+  // 256. Any other M / W is taken: a band's last 128-row chunk may be short.
   AgGemm(comm::Team& team, const AgGemmDesc& desc, AgGemmConfig config = {});
   ~AgGemm();
 

@@ -279,8 +279,8 @@ TEST(TpTuner, InvalidArgumentsNameTheRule) {
   EXPECT_EQ(arg_error(problem("gemm_ar", 2, 8, -1, 8)), "m, n, k_per_rank must be positive (got 8, -1, 8)");
   EXPECT_EQ(arg_error(problem("gemm_ar", 2, 8, 8, 0)), "m, n, k_per_rank must be positive (got 8, 8, 0)");
   EXPECT_EQ(arg_error(problem("gemm_rs", 3, 1000, 8, 8)), "m 1000 is not divisible by world_size 3");
-  EXPECT_EQ(arg_error(problem("ag_gemm", 2, 1000, 8, 8)),
-            "ag_gemm: m / world_size = 500 must be a multiple of 128 (whole 128-row chunks)");
+  // A band of M / W rows not a multiple of 128 ends in a short chunk: taken.
+  EXPECT_EQ(arg_error(problem("ag_gemm", 2, 1000, 8, 8)), "(no error)");
   TpProblem no_sms = problem("gemm_rs", 2, 8, 8, 8);
   no_sms.num_sms = 0;
   EXPECT_EQ(arg_error(no_sms), "num_sms 0 must be positive");
@@ -551,13 +551,13 @@ TEST(TpTuner, PrintConfigShowsTheTunerChoice) {
 }
 
 TEST(TpTuner, PrintConfigSaysNoneWhereTheTunerRefuses) {
+  // Bands of 500 rows (short last chunks) are a problem the tuner takes.
   const ToolRun odd = run_with({"check", "--op", "ag_gemm", "--m", "1000", "--n", "8", "--k", "8", "--seed", "1",
                                 "--backend", "cpu", "--print-config"},
                                fake_hooks(0));
   ASSERT_EQ(odd.code, 0) << odd.err;
-  EXPECT_EQ(line_starting(odd.out, "tp_config="),
-            "tp_config=none (ag_gemm: m / world_size = 500 must be a multiple of 128 (whole 128-row chunks))");
-  EXPECT_EQ(odd.out.find("tp_why="), std::string::npos);
+  EXPECT_EQ(line_starting(odd.out, "tp_config=").rfind("tp_config=transport=", 0), 0u) << odd.out;
+  EXPECT_NE(odd.out.find("tp_why="), std::string::npos) << odd.out;
 
   const ToolRun fp32 = run_with({"check", "--op", "gemm_rs", "--m", "8", "--n", "8", "--k", "8", "--dtype", "fp32",
                                  "--seed", "1", "--backend", "cpu", "--print-config"},
