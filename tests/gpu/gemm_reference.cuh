@@ -1,9 +1,39 @@
 // tests/gpu/gemm_reference.cuh: the fp64 GEMM reference kernel shared by the GPU tests.
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ccfuse/common/dtype.h"
 
 namespace ccfuse::testing {
+
+// 16-bit bits (bf16 or fp16) of uniform [-1, 1) values from (seed, stream id).
+inline std::vector<uint16_t> random_16(DType t, uint64_t seed, uint64_t id, size_t count) {
+  std::mt19937_64 gen(seed * 1000003ull + id);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<uint16_t> v(count);
+  for (auto& x : v) {
+    const float f = dist(gen);
+    if (t == DType::kBFloat16) {
+      x = bf16::from_float(f).bits;
+    } else {
+      x = __half_raw(__float2half(f)).x;
+    }
+  }
+  return v;
+}
+
+// The value of 16-bit bits of dtype t.
+inline double value_of_16(DType t, uint16_t bits) {
+  if (t == DType::kBFloat16) return bf16{bits}.to_float();
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
 
 template <class E>
 __device__ double to_double(E v) {

@@ -1,6 +1,7 @@
 // Fused AllGather + GEMM (both transports) on all local GPUs (>= 2; skipped otherwise) against an fp64
 // reference computed from the full A, which the test builds itself (it does not trust the gather).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,14 +21,8 @@ namespace {
 using ccfuse::testing::all_devices;
 using ccfuse::testing::reference_gemm;
 
-// bf16 bits of uniform [-1, 1) values from (seed, stream id).
-std::vector<uint16_t> random_bf16(uint64_t seed, uint64_t id, size_t count) {
-  std::mt19937_64 gen(seed * 1000003ull + id);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  std::vector<uint16_t> v(count);
-  for (auto& x : v) x = bf16::from_float(dist(gen)).bits;
-  return v;
-}
+using ccfuse::testing::random_16;
+using ccfuse::testing::value_of_16;
 
 struct Shape {
   int64_t m, n, k;
@@ -40,6 +35,7 @@ struct Shape {
   int block_n = 0;             // AgGemmConfig::block_n (0: auto)
   bool return_gathered = true;  // AgGemmConfig::return_gathered
   int push_spread_us = -1;      // AgGemmConfig::push_spread_us (-1: auto, the default)
+  DType dtype = DType::kBFloat16;  // AgGemmDesc::dtype
 };
 
 void PrintTo(const Shape& s, std::ostream* os) {
@@ -67,6 +63,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
     d.n = sh.n;
     d.k = sh.k;
     d.b_layout = sh.layout;
+    d.dtype = sh.dtype;
     AgGemmConfig cfg;
     cfg.push_ctas = sh.push_ctas;
     cfg.transport = sh.transport;
@@ -92,10 +89,10 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
       const uint64_t call_seed = seed + 7919ull * call;
       std::vector<uint16_t> full;
       for (int band = 0; band < w; ++band) {
-        auto part = random_bf16(call_seed, uint64_t(band), size_t(m_local * d.k));
+        auto part = random_16(sh.dtype, call_seed, uint64_t(band), size_t(m_local * d.k));
         full.insert(full.end(), part.begin(), part.end());
       }
-      const auto hb = random_bf16(call_seed, 1000 + uint64_t(r), size_t(d.k * d.n));
+      const auto hb = random_16(sh.dtype, call_seed, 1000 + uint64_t(r), size_t(d.k * d.n));
       CCFUSE_CUDA_CHECK(cudaMemcpy(a_full, full.data(), full.size() * 2, cudaMemcpyHostToDevice));
       CCFUSE_CUDA_CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
       const bool in_place = call == 2;
@@ -103,9 +100,13 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
       CCFUSE_CUDA_CHECK(cudaMemcpy(in_place ? op.local_a() : a_r, mine, size_t(m_local * d.k) * 2, cudaMemcpyHostToDevice));
       CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, size_t(d.m * d.n) * 2));
       const bool nk = sh.layout == gemm::BLayout::kNK;
-      reference_gemm<<<dim3(unsigned((d.n + 15) / 16), unsigned((d.m + 15) / 16)), dim3(16, 16)>>>(
-          static_cast<const __nv_bfloat16*>(a_full), d.k, static_cast<const __nv_bfloat16*>(b), nk ? d.k : d.n, nk, ref,
-          d.m, d.n, d.k);
+      const dim3 grid(unsigned((d.n + 15) / 16), unsigned((d.m + 15) / 16));
+      if (sh.dtype == DType::kBFloat16)
+        reference_gemm<<<grid, dim3(16, 16)>>>(static_cast<const __nv_bfloat16*>(a_full), d.k,
+                                               static_cast<const __nv_bfloat16*>(b), nk ? d.k : d.n, nk, ref, d.m, d.n, d.k);
+      else
+        reference_gemm<<<grid, dim3(16, 16)>>>(static_cast<const __half*>(a_full), d.k, static_cast<const __half*>(b),
+                                               nk ? d.k : d.n, nk, ref, d.m, d.n, d.k);
       CCFUSE_CUDA_CHECK_LAUNCH();
       CCFUSE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // not the device: see gpu_test_util.h
       op.run(in_place ? nullptr : a_r, b, c, s);
@@ -122,7 +123,7 @@ TEST_P(FusedAgGemm, MatchesFp64AndGathersExactly) {
       EXPECT_TRUE(gathered == full) << "rank " << r << " call " << call << ": gathered A differs";
       double num = 0, den = 0;
       for (size_t i = 0; i < hc.size(); ++i) {
-        const double v = bf16{hc[i]}.to_float();
+        const double v = value_of_16(sh.dtype, hc[i]);
         ASSERT_TRUE(std::isfinite(v)) << "rank " << r << " call " << call << " unwritten C at " << i;
         num += (v - hr[i]) * (v - hr[i]);
         den += hr[i] * hr[i];
@@ -228,7 +229,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                            Shape{1000, 1024, 1024, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
                                                  false, 0, false},
                                            Shape{1000, 1024, 1024, gemm::BLayout::kNK, 0, AgTransport::kCopyEngine},
-                                           Shape{1500, 520, 776, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 256}),
+                                           Shape{1500, 520, 776, gemm::BLayout::kKN, 0, AgTransport::kCopyEngine, 256},
+                                           // fp16: whole and short bands, 192-column tiles, the copy engine
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kKN, 0, AgTransport::kSendWarps, 0, 1,
+                                                 false, 0, true, -1, DType::kFloat16},
+                                           Shape{1000, 1000, 1024, gemm::BLayout::kNK, 0, AgTransport::kSendWarps, 0, 1,
+                                                 true, 192, true, -1, DType::kFloat16},
+                                           Shape{1024, 1024, 1024, gemm::BLayout::kNK, 0, AgTransport::kCopyEngine, 0, 1,
+                                                 false, 0, true, -1, DType::kFloat16}),
                          [](const ::testing::TestParamInfo<Shape>& i) {
                            return detail::str_cat(i.param.m, "x", i.param.n, "x", i.param.k, "_",
                                                   gemm::b_layout_name(i.param.layout),
@@ -242,7 +250,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedAgGemm,
                                                   i.param.return_gathered ? "" : "_peersonly",
                                                   i.param.push_spread_us >= 0
                                                       ? detail::str_cat("_spread", i.param.push_spread_us)
-                                                      : "");
+                                                      : "",
+                                                  i.param.dtype == DType::kFloat16 ? "_fp16" : "");
                          });
 
 TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {

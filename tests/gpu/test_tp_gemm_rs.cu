@@ -22,28 +22,8 @@ namespace {
 using ccfuse::testing::all_devices;
 using ccfuse::testing::reference_gemm;
 
-// 16-bit bits of uniform [-1, 1) values from (seed, stream id) in dtype t.
-std::vector<uint16_t> random_16(DType t, uint64_t seed, uint64_t id, size_t count) {
-  std::mt19937_64 gen(seed * 1000003ull + id);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  std::vector<uint16_t> v(count);
-  for (auto& x : v) {
-    const float f = dist(gen);
-    if (t == DType::kBFloat16) {
-      x = bf16::from_float(f).bits;
-    } else {
-      const __half h = __float2half(f);
-      std::memcpy(&x, &h, 2);
-    }
-  }
-  return v;
-}
-double to_double(DType t, uint16_t bits) {
-  if (t == DType::kBFloat16) return bf16{bits}.to_float();
-  __half h;
-  std::memcpy(&h, &bits, 2);
-  return __half2float(h);
-}
+using ccfuse::testing::random_16;
+using ccfuse::testing::value_of_16;
 
 struct Case {
   int64_t m, n, k;  // k: per rank
@@ -78,7 +58,7 @@ double rel_error(DType t, const std::vector<uint16_t>& c, const std::vector<doub
                  int64_t n, std::string* err) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < rows * n; ++i) {
-    const double v = to_double(t, c[size_t(i)]), r = ref[size_t(row0 * n + i)];
+    const double v = value_of_16(t, c[size_t(i)]), r = ref[size_t(row0 * n + i)];
     if (!std::isfinite(v)) {
       *err = detail::str_cat("unwritten or non-finite C at row ", i / n, " col ", i % n);
       return 1e30;
