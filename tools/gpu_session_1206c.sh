@@ -12,7 +12,7 @@ source tools/gpu_env.sh  # library path and CCFUSE_COMMIT (gpu_run.sh above unpa
 for pass in 1 2; do
   for s in "8192 14336 8192" "8000 14336 8192" "1024 14336 8192" "1000 14336 8192" "4096 7168 4096" "4000 7168 4096"; do
     set -- $s
-    timeout 60 .carry/bin/ccfuse bench --op ag_gemm --m $1 --n $2 --k $3 --world-size 1 --dtype bf16 \
+    timeout 60 .carry/bin/ccfuse bench --backend gpu --op ag_gemm --m $1 --n $2 --k $3 --world-size 1 --dtype bf16 \
       --json $O/ag_w1.jsonl > /dev/null 2>> $O/ag_w1.err
   done
 done
