@@ -11,6 +11,7 @@
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/ranges.h"
 #include "ccfuse/common/pace.cuh"
 #include "ccfuse/common/warp_scan.cuh"
 #include "ccfuse/gemm/sm90_gemm.cuh"
@@ -1906,9 +1907,8 @@ void MoeFfn::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, con
                  const void* w2, void* out, cudaStream_t stream) {
   const MoeFfnDesc& d = s_->desc;
   if (num_tokens > 0 && out != nullptr && x != nullptr) {
-    const auto a = reinterpret_cast<uintptr_t>(x), b = reinterpret_cast<uintptr_t>(out);
-    const uintptr_t bytes = uintptr_t(num_tokens * d.hidden) * 2;
-    CCFUSE_ARG_CHECK(!(a < b + bytes && b < a + bytes), "out must not overlap x");
+    const size_t bytes = size_t(num_tokens * d.hidden) * 2;
+    CCFUSE_ARG_CHECK(!bytes_overlap(out, bytes, x, bytes), "out must not overlap x");
   }
   run_layer0(x, num_tokens, topk_ids, topk_w, w1, stream);
   run_layer1(num_tokens, topk_ids, w2, out, stream);

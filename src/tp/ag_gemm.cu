@@ -8,6 +8,7 @@
 
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/ranges.h"
 #include "ccfuse/common/pace.cuh"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "src/tp/banded_tiles.cuh"
@@ -335,7 +336,12 @@ void AgGemm::run(const void* a_local, const void* b, void* c, cudaStream_t strea
   comm::Team& team = s_->team;
   team.check_watchdog();  // a timeout of an earlier call is reported here, not swallowed
   CCFUSE_ARG_CHECK(b != nullptr && c != nullptr, "b and c must be device pointers");
-  CCFUSE_ARG_CHECK(c != s_->gather->local(), "c must not alias the gather buffer");
+  const size_t c_bytes = size_t(d.m * d.n) * 2;
+  CCFUSE_ARG_CHECK(!bytes_overlap(c, c_bytes, s_->gather->local(), size_t(d.m * d.k) * 2),
+                   "ag_gemm: output c overlaps the gather buffer");
+  CCFUSE_ARG_CHECK(!bytes_overlap(c, c_bytes, a_local, a_local != nullptr ? size_t(s_->m_local * d.k) * 2 : 0),
+                   "ag_gemm: output c overlaps input a_local");
+  CCFUSE_ARG_CHECK(!bytes_overlap(c, c_bytes, b, size_t(d.k * d.n) * 2), "ag_gemm: output c overlaps input b");
   for (auto [ptr, name] : {std::pair<const void*, const char*>{a_local, "a_local"}, {b, "b"}, {c, "c"}})
     CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned");
   const bool ce = s_->cfg.transport == AgTransport::kCopyEngine;

@@ -8,6 +8,7 @@
 #include "ccfuse/comm/signals.cuh"
 #include "ccfuse/common/pace.cuh"
 #include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/ranges.h"
 #include "ccfuse/gemm/sm90_gemm.cuh"
 #include "ccfuse/tp/tuner.h"
 #include "src/tp/banded_tiles.cuh"
@@ -208,11 +209,6 @@ struct RsEpilogue {
   }
 };
 
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 }  // namespace
 
 // The TMA-store epilogue runs where asked for, unclustered, with rows of a multiple of 16 bytes.
@@ -318,9 +314,9 @@ struct RsState {
                        ") must be 16-byte aligned");
     const size_t es = 2;
     const size_t c_bytes = size_t((all_reduce ? d.m : m_local) * d.n) * es;
-    CCFUSE_ARG_CHECK(!overlaps(c, c_bytes, a, size_t(d.m * d.k) * es), op, ": output c overlaps input a");
-    CCFUSE_ARG_CHECK(!overlaps(c, c_bytes, b, size_t(d.n * d.k) * es), op, ": output c overlaps input b");
-    CCFUSE_ARG_CHECK(!overlaps(c, c_bytes, recv->local(), size_t(d.m * d.n) * es), op,
+    CCFUSE_ARG_CHECK(!bytes_overlap(c, c_bytes, a, size_t(d.m * d.k) * es), op, ": output c overlaps input a");
+    CCFUSE_ARG_CHECK(!bytes_overlap(c, c_bytes, b, size_t(d.n * d.k) * es), op, ": output c overlaps input b");
+    CCFUSE_ARG_CHECK(!bytes_overlap(c, c_bytes, recv->local(), size_t(d.m * d.n) * es), op,
                      ": output c overlaps the receive buffer");
     if (d.dtype == DType::kBFloat16) launch<cutlass::bfloat16_t>(a, b, c, stream);
     else launch<cutlass::half_t>(a, b, c, stream);

@@ -303,6 +303,30 @@ TEST(FusedAgGemmValidation, RejectsWhatItCannotDo) {
     expect_error(d, cfg,
                  "block_n 192 is built for the TMA-store epilogue with send warps: it needs n (256) a multiple of 8, "
                  "cluster_m 1 (got 2) and the send-warp transport");
+    // An output that overlaps an input or the gather buffer: refused before anything is enqueued.
+    d = AgGemmDesc{};
+    d.m = 256 * w;
+    d.n = 256;
+    d.k = 256;
+    AgGemm op(team, d, {});
+    const size_t c_bytes = size_t(d.m * d.n) * 2, a_bytes = size_t(256 * d.k) * 2, b_bytes = size_t(d.k * d.n) * 2;
+    char* mem = nullptr;
+    CCFUSE_CUDA_CHECK(cudaMalloc(&mem, c_bytes + a_bytes + b_bytes));
+    char *a = mem, *b = mem + a_bytes;
+    auto expect_run_error = [&](const void* a_local, const void* b_in, void* c_out, const std::string& message) {
+      try {
+        op.run(a_local, b_in, c_out, nullptr);
+        ADD_FAILURE() << "no error; expected: " << message;
+      } catch (const InvalidArgument& e) {
+        EXPECT_EQ(std::string(e.what()), message);
+      }
+    };
+    expect_run_error(a, b, a + 4096, "ag_gemm: output c overlaps input a_local");
+    expect_run_error(nullptr, b, b - 16, "ag_gemm: output c overlaps input b");
+    expect_run_error(nullptr, b, const_cast<void*>(op.gathered_a()), "ag_gemm: output c overlaps the gather buffer");
+    expect_run_error(nullptr, b, static_cast<char*>(op.local_a()) - 512, "ag_gemm: output c overlaps the gather buffer");
+    team.synchronize(nullptr);
+    cudaFree(mem);
   });
 }
 

@@ -111,6 +111,8 @@ class AgGemm {
   const void* gathered_a() const;
 
   // a_local: this rank's A_r [M/W, K] (device) or nullptr; b: B_r; c: C_r [M, N] (device).
+  // Throws InvalidArgument, before enqueueing anything, where c overlaps a_local, b or the gather
+  // buffer, or a pointer is not 16-byte aligned.
   void run(const void* a_local, const void* b, void* c, cudaStream_t stream);
   // Diagnostics: later calls write per-tile timestamps (gemm::TileTrace) into `records` (device,
   // GEMM CTAs x slots_per_cta); nullptr turns it off.
