@@ -500,7 +500,7 @@ if [[ " $what " == *" tp_w1 "* ]]; then
               "ag_gemm 8192 3072 4096" "gemm_rs 8192 4096 3072" "ag_gemm 1024 14336 8192" "ag_gemm 4096 7168 4096" \
               "gemm_ar 4096 4096 7168"; do
     set -- $spec
-    timeout 60 $BIN/ccfuse bench --op $1 --m $2 --n $3 --k $4 --world-size 1 --dtype bf16 --json "$OUT/tp_w1.jsonl" \
+    timeout 60 $BIN/ccfuse bench --backend gpu --op $1 --m $2 --n $3 --k $4 --world-size 1 --dtype bf16 --json "$OUT/tp_w1.jsonl" \
       >> "$OUT/tp_w1.log" 2>&1 || status=1
   done
   summary+=("tp at W = 1: $(python3 -c "
