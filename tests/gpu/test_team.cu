@@ -130,11 +130,29 @@ struct Ring {
     CCFUSE_CUDA_CHECK_LAUNCH();
   }
   unsigned long long* stamps = nullptr;  // mapped host memory, Stamps::kGpuSlots
-  void call(int skip_publish_rank = -1) {
+  // mid_slot >= 0: also stamp that slot between the entry barrier and the ring kernel.
+  void call(int skip_publish_rank = -1, int mid_slot = -1) {
     sig->begin_call(stream);
+    if (mid_slot >= 0) stamp(mid_slot);
     ring_tiles_kernel<<<2 * kTiles, 256, 0, stream>>>(sig->device(), data->view<uint32_t>(), kTiles, kTileElems,
                                                       skip_publish_rank, errors);
     CCFUSE_CUDA_CHECK_LAUNCH();
+  }
+  // Team::synchronize, but a stream still busy after kLateMs prints the rank's GPU stamps so far
+  // (mapped memory: readable while the stream hangs), then goes on waiting.
+  void synchronize_watched(Team& team, Stamps& st, const char* const* names, int n) {
+    constexpr double kLateMs = 8000;  // past the 5 s watchdog bound
+    const auto start = std::chrono::steady_clock::now();
+    bool told = false;
+    while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+      if (!told && std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() > kLateMs) {
+        told = true;
+        st.host(team.rank(), "stream still busy: its GPU stamps so far");
+        st.gpu(team.rank(), stamps, names, n);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    team.synchronize(stream);
   }
   unsigned long long read_errors() const {
     unsigned long long e = 0;
@@ -189,7 +207,7 @@ TEST(GpuTeam, ThousandCallsBackToBackNoStaleFlag) {
     stamps.host(rank, "all calls enqueued");
     const char* const gpu_names[2] = {"stream reached the first call", "first call done"};
     try {
-      team.synchronize(ring.stream);
+      ring.synchronize_watched(team, stamps, gpu_names, 2);
     } catch (...) {
       stamps.host(rank, "synchronize threw");
       stamps.gpu(rank, ring.stamps, gpu_names, 2);
@@ -216,15 +234,17 @@ TEST(GpuTeam, CudaGraphReplaysAdvanceTheEpoch) {
   Stamps stamps;
   run_local_world(all_devices(), [&](Team& team) {
    const int rank = team.rank();
-   const char* const gpu_names[3] = {"stream reached the eager call", "eager call done", "replays done"};
+   const char* const gpu_names[4] = {"stream reached the eager call", "eager call done", "replays done",
+                                     "eager call's entry barrier passed"};
    try {
     stamps.host(rank, "in the rank's thread");
     Ring ring(team);
     stamps.host(rank, "ring built (collectives done)");
     ring.stamp(0);
-    ring.call();  // one eager call first: graph replays continue from the device epoch
+    ring.call(-1, /*mid_slot=*/3);  // one eager call first: graph replays continue from the device epoch
     ring.stamp(1);
-    team.synchronize(ring.stream);
+    stamps.host(rank, "eager call enqueued");
+    ring.synchronize_watched(team, stamps, gpu_names, 4);
     stamps.host(rank, "eager call synchronized");
     host_barrier.arrive_and_wait();
     cudaGraph_t graph;
@@ -243,9 +263,9 @@ TEST(GpuTeam, CudaGraphReplaysAdvanceTheEpoch) {
     for (int i = 0; i < kReplays; ++i) CCFUSE_CUDA_CHECK(cudaGraphLaunch(exec, ring.stream));
     ring.stamp(2);
     stamps.host(rank, "replays enqueued");
-    team.synchronize(ring.stream);
+    ring.synchronize_watched(team, stamps, gpu_names, 4);
     stamps.host(rank, "replays synchronized");
-    stamps.gpu(rank, ring.stamps, gpu_names, 3);
+    stamps.gpu(rank, ring.stamps, gpu_names, 4);
     EXPECT_EQ(ring.read_errors(), 0ull);
     EXPECT_EQ(ring.sig->read_epoch(), epoch_t(1 + kReplays));
     cudaGraphExecDestroy(exec);

@@ -494,6 +494,7 @@ struct Params {
   int num_groups;
   Element* c;
   int64_t ldc;
+  int64_t c_rows;  // C's rows as the TMA store clips them (launch_gemm's c_rows, else m)
 };
 
 // Stores a consumer warpgroup's accumulators through the epilogue, rounding to Element.
@@ -1139,6 +1140,16 @@ struct HasTmaAltC : std::false_type {};
 template <class E>
 struct HasTmaAltC<E, std::void_t<decltype(E::kTmaAltC)>> : std::bool_constant<E::kTmaAltC> {};
 
+// May tile w leave through the TMA store? Yes where TMA's clipping is exact for it: a schedule
+// whose tiles are cut at M only, a whole tile, or a cut tile whose end is C's last row (a band's or
+// a group's end that is also the tensor's: nothing after it to overwrite). The last case only for
+// the one destination c at w.row0 (an epilogue with two, kTmaAltC, maps rows its own way).
+template <class Traits, class Schedule, class Epilogue, class Element>
+__device__ __forceinline__ bool tma_store_tile(const Params<Element>& p, const TileWork& w) {
+  return tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end ||
+         (!HasTmaAltC<Epilogue>::value && w.row_end >= p.c_rows);
+}
+
 // Epilogue::trace (TileTrace*, null = off) and Epilogue::trace_slots: per-tile timestamps
 // (ccfuse/gemm/gemm.h). Epilogues without the members pay nothing.
 template <class E, class = void>
@@ -1503,7 +1514,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
-      if (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end) {
+      if (tma_store_tile<Traits, Schedule, Epilogue>(p, w)) {
         store_tile_tma_wg<Traits>(p, epi, ss, tma_c, accum, wg, t, w);
       } else {
         CUTE_UNROLL
@@ -1655,8 +1666,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                       "the TMA-store epilogue needs plain stores to the local C (Epilogue::kTmaStoreOk)");
         // Schedules whose tiles may be cut short of M (a group's or a band's end: GroupedSchedule,
         // the fused TP ops' bands): whole tiles through TMA; a cut tile from registers, since TMA
-        // would also write the rows after its end, which belong to the next group or band.
-        if (tma_store_ok<Schedule>::value || w.row0 + Traits::kBlockM <= w.row_end) {
+        // would also write the rows after its end, which belong to the next group or band, unless
+        // its end is C's (tma_store_tile).
+        if (tma_store_tile<Traits, Schedule, Epilogue>(p, w)) {
           stored_tma = true;
           if constexpr (HasTmaAltC<Epilogue>::value) {
             int64_t row0 = w.row0;
@@ -1787,7 +1799,7 @@ void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, co
                        ? tma_c
                        : make_tma_copy(SM90_TMA_STORE{}, Traits::gmem_c(static_cast<E*>(c_alt), c_alt_rows, out_n, ldc),
                                        typename Traits::SmemLayoutC{}(_, _, 0));
-  Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc};
+  Params<E> p{int(m), int(n), int(k), groups, static_cast<E*>(c), ldc, c_rows > 0 ? c_rows : m};
   auto kernel = gemm_kernel<Traits, Schedule, Epilogue>;
   constexpr int kSmem = dynamic_smem_bytes<Traits, Epilogue>();
   static_assert(kSmem <= kMaxCtaSmem, "shared memory of one CTA past the 227 KiB of sm_90");
