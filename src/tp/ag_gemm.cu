@@ -53,7 +53,8 @@ struct AgSchedule : BandedTiles {
   static constexpr bool kHasReady = true;
   static constexpr bool kHasSide = false;
   // A band's last tile may end inside M (M / W not a multiple of 128): the engine stores whole
-  // tiles through TMA and a cut one from registers, which stop at the band's end.
+  // tiles through TMA and a cut one from registers, which stop at the band's end (the last
+  // band's by TMA too: its end is M, where TMA clips; sm90::tma_store_tile).
   static constexpr bool kTmaStoreOk = false;
 
   __device__ bool wait_ready(const gemm::TileWork& w) {
