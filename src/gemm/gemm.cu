@@ -536,7 +536,13 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // the power cap. The pair couples two CTAs: a stage is refilled only when both have released
   // it, which costs more than the multicast saves until the L2 is the limit.
   const bool pairs_pay = tiles_of(best.t) >= 20 * int64_t(sms);
-  c.cluster_m = !c.stream_k && !split2 && !pingpong && pairs_pay && ceil_div(d.m, c.block_m) >= 2 && sms >= 2 ? 2 : 1;
+  // An odd number of row tiles leaves the last pair's second tile past M (PlainSchedule::work_pair):
+  // a whole mainloop on zeros, 1 / row tiles more work, where the pairs' best measured gain is
+  // 0.4 % (> 30 waves): no pairs then. 8000x14336x8192 (63 row tiles, 27 waves) ran 3.0-3.4 % over
+  // cuBLASLt with pairs against 1.3-1.5 % at 8192 rows (one H100, 2026-12-06, two calls), the
+  // fused ag_gemm's unpaired kernel on the same rows 1.3-1.9 %.
+  const int64_t row_tiles = ceil_div(d.m, int64_t(c.block_m));
+  c.cluster_m = !c.stream_k && !split2 && !pingpong && pairs_pay && row_tiles >= 2 && row_tiles % 2 == 0 && sms >= 2 ? 2 : 1;
   // The raster (tile_order.h): groups of 16 row tiles on large plain problems of whole tiles, of
   // 4 for tiles narrower than tall.
   if (!grouped && !split2 && !c.stream_k)

@@ -168,6 +168,10 @@ TEST(ToolGemm, ChooseConfigPrices192TileForThePowerCap) {
     // CTA pairs only where the tiles make at least 20 waves (2026-12-01).
     EXPECT_EQ(c.cluster_m, s[1] >= 14336 ? 2 : 1) << s[0] << "x" << s[1] << "x" << s[2];
   }
+  // An odd number of row tiles: no pairs (the last pair's second tile would be all past M).
+  EXPECT_EQ(choice(8000, 14336, 8192).cluster_m, 1);
+  EXPECT_EQ(choice(8064, 14336, 8192).cluster_m, 1);
+  EXPECT_EQ(choice(7936, 14336, 8192).cluster_m, 2);  // 62 row tiles
   // Where 192 fills the waves much better, it stays: 8192x768x4096 (256 tiles of 192 in 2 waves,
   // 192 of 256 in 2 waves with half the work each: 1.17x the time with 256 at the cap) and the
   // N = 8192 family (2752 tiles of 192 in 21 waves against 2048 of 256 in 16: 1.6 % better).
