@@ -528,20 +528,17 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   c.stream_k = best.stream;
   c.num_sms = sms;
   // CTA pairs sharing B need at least two row tiles and a budget for at least one pair
-  // (stream-K's units are single tiles), and pay only where the tiles make more than 30 waves
-  // (20 from 2026-12-01 to 2026-12-06).
+  // (stream-K's units are single tiles), and pay only where the tiles make at least 20 waves.
   // Measured 2026-12-01 on all 96 TP shapes, the engine's config with and without pairs in the
   // same call (one H200, bench/results/2026-12-01-h200-gemm-cluster-ab-*): without them the
   // speed ratio by waves of tiles was 1.043 (one wave; up to 1.14 on the 48 and 80 tiles), 1.018
   // (2), 1.014 (2-4), 1.012 (4-8), 1.015 (8-16), 1.002 (16-30) and 0.996 (> 30) back to back at
   // the power cap. The pair couples two CTAs: a stage is refilled only when both have released
   // it, which costs more than the multicast saves until the L2 is the limit. On one H100
-  // (2026-12-06, `bench/results/2026-12-06-h100-gemm-{odd-row-tiles,pairs-54-waves}-*`, % of
-  // cuBLASLt interleaved, two rounds) pairs cost more: 8192x14336x8192 (27 waves) 96.4-97.1 against
-  // 100.0-100.3 unpaired, 16384x14336x8192 (54 waves) 99.3-100.1 against 100.3-102.2. So none at
-  // 16-30 waves, where the H200 was level with them; beyond, the H200's 0.4 % keeps them (the
-  // target GPU; the H100's 1-2 points against them there are from one shape).
-  const bool pairs_pay = tiles_of(best.t) > 30 * int64_t(sms);
+  // (2026-12-06, `bench/results/2026-12-06-h100-gemm-pairs-*`, % of cuBLASLt interleaved) the
+  // 20-30 wave shapes split: 8192x14336x8192 0.7-3.6 points better unpaired (four rounds),
+  // 8192x8192x14336 level, 4096x28672x8192 2 points better paired; the threshold stays.
+  const bool pairs_pay = tiles_of(best.t) >= 20 * int64_t(sms);
   // An odd number of row tiles leaves the last pair's second tile past M (PlainSchedule::work_pair):
   // a whole mainloop on zeros, 1 / row tiles more work, where the pairs' best measured gain is
   // 0.4 % (> 30 waves): no pairs then. 8064x14336x8192 (63 row tiles, 27 waves) ran at 96.7-97.5 %

@@ -165,15 +165,13 @@ TEST(ToolGemm, ChooseConfigPrices192TileForThePowerCap) {
     const gemm::GemmConfig c = choice(s[0], s[1], s[2]);
     EXPECT_EQ(c.block_n, 256) << s[0] << "x" << s[1] << "x" << s[2];
     EXPECT_EQ(c.stages, 3);
-    // CTA pairs only where the tiles make more than 30 waves (2026-12-06; 20 before): 8192x28672
-    // (54 waves of 128x256), not 8192x14336 (27).
-    EXPECT_EQ(c.cluster_m, s[1] >= 28672 ? 2 : 1) << s[0] << "x" << s[1] << "x" << s[2];
+    // CTA pairs only where the tiles make at least 20 waves (2026-12-01).
+    EXPECT_EQ(c.cluster_m, s[1] >= 14336 ? 2 : 1) << s[0] << "x" << s[1] << "x" << s[2];
   }
-  EXPECT_EQ(choice(16384, 14336, 8192).cluster_m, 2);  // 54 waves, 128 row tiles
   // An odd number of row tiles: no pairs (the last pair's second tile would be all past M).
-  EXPECT_EQ(choice(16000, 14336, 8192).cluster_m, 1);  // 125 row tiles, 53 waves
-  EXPECT_EQ(choice(16256, 14336, 8192).cluster_m, 1);  // 127
-  EXPECT_EQ(choice(16128, 14336, 8192).cluster_m, 2);  // 126
+  EXPECT_EQ(choice(8000, 14336, 8192).cluster_m, 1);  // 63 row tiles, 27 waves
+  EXPECT_EQ(choice(8064, 14336, 8192).cluster_m, 1);  // 63
+  EXPECT_EQ(choice(7936, 14336, 8192).cluster_m, 2);  // 62
   // Where 192 fills the waves much better, it stays: 8192x768x4096 (256 tiles of 192 in 2 waves,
   // 192 of 256 in 2 waves with half the work each: 1.17x the time with 256 at the cap) and the
   // N = 8192 family (2752 tiles of 192 in 21 waves against 2048 of 256 in 16: 1.6 % better).
