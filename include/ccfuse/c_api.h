@@ -12,7 +12,9 @@
  * Shapes follow the `ccfuse` tool: m is the global M and k the global K. ag_gemm: a = A_r
  * [m/W, k], c = [m, n]; gemm_rs: a = A_r [m, k/W], c = this rank's rows [m/W, n]; gemm_ar:
  * a = A_r [m, k/W], c = [m, n]. b is B_r: [k', n] row-major with b_kn = 1 (a torch [K, N]
- * tensor), [n, k'] with b_kn = 0 (a torch Linear weight), k' = k (ag_gemm) or k/W. bf16 only.
+ * tensor), [n, k'] with b_kn = 0 (a torch Linear weight), k' = k (ag_gemm) or k/W. bf16
+ * (ccfuse_tp_create) or bf16 / fp16 (ccfuse_tp_create_typed). ag_gemm's gathered A:
+ * ccfuse_tp_gathered(op, &ptr) (for the weight gradient).
  *
  * The expert-parallel MoE FFN (ccfuse/moe/moe_ffn.h; E experts, rank r owns E/W of them):
  *   ccfuse_moe_ffn_create(max_tokens, H, F, E, topk, swiglu, b_kn, imbalance, &ffn)  (collective)
@@ -62,7 +64,14 @@ int ccfuse_world_size(int* out);
 /* The op's default configuration; ag_gemm takes the TP tuner's transport (the copy engine where
  * the push is dense, tp::ag_copy_engine_pays; docs/tp-tuner.md), as `ccfuse bench` does. */
 int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, ccfuse_tp_op** out);
+/* The same with the element type: dtype 0 = bf16 (what ccfuse_tp_create takes), 1 = fp16. */
+int ccfuse_tp_create_typed(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, int dtype, ccfuse_tp_op** out);
 int ccfuse_tp_run(ccfuse_tp_op* op, const void* a, const void* b, void* c, void* stream);
+/* ag_gemm only: the gathered A [M, K] of this op's last call (every rank's band, in rank order), a
+ * device pointer into the op's symmetric buffer. It holds the last call's rows until the op's next
+ * call on this rank: work that reads it must be enqueued, in stream order, before that call (the
+ * peers write into it only after this rank enters that call's entry barrier). */
+int ccfuse_tp_gathered(ccfuse_tp_op* op, const void** out);
 int ccfuse_tp_destroy(ccfuse_tp_op* op);
 int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk, int swiglu,
                           int b_kn, double imbalance, ccfuse_moe_ffn** out);

@@ -4,8 +4,9 @@ ccfuse.torch_ops wraps it for torch tensors).
 
     lib = Ccfuse("build/libccfuse_c.so")
     lib.init_from_env()                       # torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
-    op = lib.tp_create("ag_gemm", m, n, k)    # b is [k, n] (b_kn=True) or [n, k]
+    op = lib.tp_create("ag_gemm", m, n, k)    # b is [k, n] (b_kn=True) or [n, k]; dtype="bf16" | "fp16"
     op.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    op.gathered()                             # ag_gemm: the gathered A's address (until the next run)
     op.close()
     moe = lib.moe_ffn_create(max_tokens, hidden, ffn, experts, topk)   # w1 rows in swiglu_permutation order
     moe.run(x, tokens, topk_ids, topk_w, w1, w2, out, stream)        # device pointers, int32 ids
@@ -30,6 +31,12 @@ class TpOp:
 
     def run(self, a, b, c, stream):
         self._lib._check(self._lib._dll.ccfuse_tp_run(self._h, a, b, c, stream))
+
+    def gathered(self):
+        """ag_gemm: the device address of the last call's gathered A [M, K] (valid until this op's next call)."""
+        p = ctypes.c_void_p()
+        self._lib._check(self._lib._dll.ccfuse_tp_gathered(self._h, ctypes.byref(p)))
+        return p.value
 
     def close(self):
         if self._h:
@@ -70,7 +77,10 @@ class Ccfuse:
         d.ccfuse_init_from_env.argtypes = []
         d.ccfuse_world_size.argtypes = [ctypes.POINTER(ctypes.c_int)]
         d.ccfuse_tp_create.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.POINTER(vp)]
+        d.ccfuse_tp_create_typed.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.c_int,
+                                             ctypes.POINTER(vp)]
         d.ccfuse_tp_run.argtypes = [vp, vp, vp, vp, vp]
+        d.ccfuse_tp_gathered.argtypes = [vp, ctypes.POINTER(vp)]
         d.ccfuse_tp_destroy.argtypes = [vp]
         d.ccfuse_finalize.argtypes = []
         d.ccfuse_moe_ffn_create.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -97,9 +107,10 @@ class Ccfuse:
         self._check(self._dll.ccfuse_world_size(ctypes.byref(w)))
         return w.value
 
-    def tp_create(self, op, m, n, k, b_kn=True):
+    def tp_create(self, op, m, n, k, b_kn=True, dtype="bf16"):
         h = ctypes.c_void_p()
-        self._check(self._dll.ccfuse_tp_create(op.encode(), m, n, k, 1 if b_kn else 0, ctypes.byref(h)))
+        self._check(self._dll.ccfuse_tp_create_typed(op.encode(), m, n, k, 1 if b_kn else 0, self._dtype(dtype),
+                                                     ctypes.byref(h)))
         return TpOp(self, h, op)
 
     def moe_ffn_create(self, max_tokens, hidden, ffn, num_experts, topk, swiglu=True, b_kn=False, imbalance=0.0):

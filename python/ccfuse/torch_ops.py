@@ -5,8 +5,11 @@
     dist.init_process_group("nccl"); torch.cuda.set_device(local_rank)
     cf.init()                                  # the process's Team (collective), libccfuse_c.so
     c = cf.ag_gemm(a, b)                       # a [M/W, K], b [K, N] -> c [M, N] = AllGather(a) @ b
+    c, g = cf.ag_gemm(a, b, return_gathered=True)   # and g = AllGather(a) [M, K] (a view, no copy)
     y = cf.gemm_rs(x, w)                       # x [M, K/W], w [K/W, N] -> this rank's rows [M/W, N]
     z = cf.gemm_ar(x, w)                       # -> [M, N]
+    y = cf.column_parallel_linear(x, w_col)    # Megatron's linears with autograd (sequence parallel:
+    y = cf.row_parallel_linear(y, w_row)       #   ag_gemm / gemm_rs forward, gemm_rs / ag_gemm backward)
     moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T)
     out = moe(x, topk_ids, topk_w)             # [T, H]
     cf.finalize()                              # before dist.destroy_process_group()
@@ -18,8 +21,8 @@
 Every call is collective: all ranks call the same ops with the same shapes in the same order
 (the ops are cached per shape, and creating one allocates symmetric memory on every rank). The
 calls run on torch's current stream with no host synchronisation, so they compose with the
-caching allocator's stream semantics. bf16 only (mm and grouped_mm: bf16 or fp16; they are not
-collective and load the library on first use). Weights of the TP ops: b is [K, N] (a @ b), or
+caching allocator's stream semantics. bf16 or fp16 (the MoE FFN: bf16); mm and grouped_mm are not
+collective and load the library on first use. Weights of the TP ops: b is [K, N] (a @ b), or
 a torch.nn.Linear weight [N, K] with b_is_weight=True. Bad input raises ValueError naming the
 argument and the rule; the library's own checks raise ccfuse.CcfuseError.
 """
@@ -99,11 +102,14 @@ def _no_overlap(out, **inputs):
             raise ValueError("out must not overlap %s" % name)
 
 
-def _tp(op, a, b, b_is_weight, out):
+_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _tp(op, a, b, b_is_weight, out, return_gathered=False):
     lib = _need_lib()
     w = lib.world_size()
-    _check("a", a, 2)
-    _check("b", b, 2)
+    _check("a", a, 2, _GEMM_DTYPES)
+    _check("b", b, 2, a.dtype)  # b in a's dtype
     rows, k_local = a.shape
     k_b, n = (b.shape[1], b.shape[0]) if b_is_weight else (b.shape[0], b.shape[1])
     if op == "ag_gemm":
@@ -117,18 +123,39 @@ def _tp(op, a, b, b_is_weight, out):
     if k_b != k_local:
         raise ValueError("%s: a is [.., %d] but b is %s: its K must be %d" % (
             op, k_local, tuple(b.shape), k_local))
-    key = (op, m, n, k, not b_is_weight)
+    dtype = "bf16" if a.dtype == torch.bfloat16 else "fp16"
+    key = (op, m, n, k, not b_is_weight, dtype)
     if key not in _ops:
-        _ops[key] = lib.tp_create(op, m, n, k, b_kn=not b_is_weight)
+        _ops[key] = lib.tp_create(op, m, n, k, b_kn=not b_is_weight, dtype=dtype)
     c = _out("out", out, out_shape, a)
     _no_overlap(c, a=a, b=b)
     _ops[key].run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream)
+    if return_gathered:
+        return c, _device_view(_ops[key].gathered(), (m, k), a)
     return c
 
 
-def ag_gemm(a, b, out=None, b_is_weight=False):
-    """AllGather(a) @ b: a = this rank's rows [M/W, K], b [K, N] (or [N, K] with b_is_weight) -> [M, N]."""
-    return _tp("ag_gemm", a, b, b_is_weight, out)
+class _CudaArray:
+    """A device address as __cuda_array_interface__ (int16 elements: the interface has no bfloat16)."""
+
+    def __init__(self, ptr, shape):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<i2", "data": (ptr, False),
+                                         "version": 2}
+
+
+def _device_view(ptr, shape, like):
+    """A tensor over ccfuse's memory at ptr (no copy), in like's dtype and on its device."""
+    return torch.as_tensor(_CudaArray(ptr, shape), device=like.device).view(like.dtype)
+
+
+def ag_gemm(a, b, out=None, b_is_weight=False, return_gathered=False):
+    """AllGather(a) @ b: a = this rank's rows [M/W, K], b [K, N] (or [N, K] with b_is_weight) -> [M, N].
+
+    return_gathered=True returns (c, gathered): gathered is AllGather(a) [M, K], a view of the op's
+    own buffer (no copy) that holds these rows until the next ag_gemm call of the same shape on
+    this rank: use it (e.g. for the weight gradient) on this stream before that call, or clone it.
+    """
+    return _tp("ag_gemm", a, b, b_is_weight, out, return_gathered)
 
 
 def gemm_rs(a, b, out=None, b_is_weight=False):
@@ -141,7 +168,123 @@ def gemm_ar(a, b, out=None, b_is_weight=False):
     return _tp("gemm_ar", a, b, b_is_weight, out)
 
 
-_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+# ---- Megatron's tensor-parallel linears with autograd ----------------------------------------
+# Weights are the layers' own torch Linear weights, sharded as Megatron shards them: a column-
+# parallel layer holds weight [N/W, H] (its output features), a row-parallel one weight [H, K/W]
+# (its input features). No bias (add it after: a column-parallel bias is per shard, a row-parallel
+# one after the reduction). Each backward runs the fused op that the forward's communication
+# transposes into: AllGather <-> ReduceScatter, AllReduce <-> nothing.
+
+
+class _ColumnParallelSP(torch.autograd.Function):
+    """y [S, N/W] = AllGather_rows(x) @ weight.T, x [S/W, H] (this rank's sequence shard)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, save_gathered):
+        ctx.save_gathered = bool(save_gathered and ctx.needs_input_grad[1])
+        if ctx.save_gathered:  # the gathered x for the weight gradient: a copy of the op's buffer
+            y, total = ag_gemm(x, weight, b_is_weight=True, return_gathered=True)
+            ctx.save_for_backward(total.clone(), weight)
+        else:  # gathered again in backward (Megatron's default: less memory, one more all-gather)
+            y = ag_gemm(x, weight, b_is_weight=True)
+            ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved, weight = ctx.saved_tensors
+        gy = gy.contiguous()
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            gx = gemm_rs(gy, weight)  # ReduceScatter_rows(gy [S, N/W] @ weight [N/W, H]) -> [S/W, H]
+        if ctx.needs_input_grad[1]:
+            total = saved if ctx.save_gathered else _all_gather_rows(saved)
+            gw = gy.t().matmul(total)  # [N/W, S] @ [S, H]
+        return gx, gw, None
+
+
+class _ColumnParallel(torch.autograd.Function):
+    """y [S, N/W] = x @ weight.T, x [S, H] the same on every rank; its gradient is all-reduced."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return mm(x, weight, b_is_weight=True)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        gy = gy.contiguous()
+        gx = gemm_ar(gy, weight) if ctx.needs_input_grad[0] else None  # AllReduce(gy @ weight) [S, H]
+        gw = gy.t().matmul(x) if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
+class _RowParallelSP(torch.autograd.Function):
+    """y [S/W, H] = ReduceScatter_rows(x @ weight.T), x [S, K/W], weight [H, K/W]."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return gemm_rs(x, weight, b_is_weight=True)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        # AllGather_rows(gy) @ weight [H, K/W] -> [S, K/W]; the gathered gy [S, H] is read at once
+        # for the weight gradient (before any later call of this op can overwrite it).
+        gx, total = ag_gemm(gy.contiguous(), weight, return_gathered=True)
+        gw = total.t().matmul(x) if ctx.needs_input_grad[1] else None  # [H, S] @ [S, K/W]
+        return (gx if ctx.needs_input_grad[0] else None), gw
+
+
+class _RowParallel(torch.autograd.Function):
+    """y [S, H] = AllReduce(x @ weight.T), x [S, K/W], weight [H, K/W]."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return gemm_ar(x, weight, b_is_weight=True)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        gy = gy.contiguous()
+        gx = mm(gy, weight) if ctx.needs_input_grad[0] else None  # [S, H] @ [H, K/W], no communication
+        gw = gy.t().matmul(x) if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
+def _all_gather_rows(x):
+    """AllGather_rows(x) over torch.distributed's default group (the ranks of ccfuse's Team)."""
+    import torch.distributed as dist
+    total = torch.empty((x.shape[0] * dist.get_world_size(), x.shape[1]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(total, x.contiguous())
+    return total
+
+
+def column_parallel_linear(x, weight, sequence_parallel=True, save_gathered=False):
+    """Megatron's ColumnParallelLinear (no bias) with autograd; weight [N/W, H] -> y [S, N/W].
+
+    sequence_parallel: x is this rank's shard [S/W, H]; forward ag_gemm, backward gemm_rs for x's
+    gradient and, for the weight's, the gathered x: saved from the forward (save_gathered=True, a
+    copy of S x H per layer) or gathered again by torch.distributed (default, as Megatron does).
+    Otherwise x [S, H] is replicated: forward a local GEMM, backward gemm_ar.
+    """
+    if sequence_parallel:
+        return _ColumnParallelSP.apply(x, weight, save_gathered)
+    return _ColumnParallel.apply(x, weight)
+
+
+def row_parallel_linear(x, weight, sequence_parallel=True):
+    """Megatron's RowParallelLinear (no bias) with autograd; x [S, K/W], weight [H, K/W].
+
+    sequence_parallel: y = this rank's rows [S/W, H] (forward gemm_rs, backward ag_gemm with its
+    gathered gradient for the weight's); otherwise y [S, H] (forward gemm_ar, backward local GEMMs).
+    """
+    if sequence_parallel:
+        return _RowParallelSP.apply(x, weight)
+    return _RowParallel.apply(x, weight)
 
 
 def _same_device(a, **others):

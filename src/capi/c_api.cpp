@@ -92,9 +92,14 @@ int ccfuse_world_size(int* out) {
 }
 
 int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, ccfuse_tp_op** out) {
+  return ccfuse_tp_create_typed(op, m, n, k, b_kn, 0, out);
+}
+
+int ccfuse_tp_create_typed(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, int dtype, ccfuse_tp_op** out) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
     *out = nullptr;
+    const ccfuse::DType dt = gemm_dtype(dtype);
     const std::string name = op != nullptr ? op : "";
     CCFUSE_ARG_CHECK(name == "ag_gemm" || name == "gemm_rs" || name == "gemm_ar", "op '", name,
                      "' is not a fused TP op (ag_gemm, gemm_rs, gemm_ar)");
@@ -109,6 +114,7 @@ int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, 
       d.m = m;
       d.n = n;
       d.k = k;
+      d.dtype = dt;
       d.b_layout = layout;
       // The tuner's transport, as `ccfuse bench` runs it (the copy engine where the push is
       // dense, tp::ag_copy_engine_pays); shapes it does not take (W not dividing M, ...) keep
@@ -136,6 +142,7 @@ int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, 
       d.m = m;
       d.n = n;
       d.k = k / w;
+      d.dtype = dt;
       d.b_layout = layout;
       if (name == "gemm_rs") h->rs = std::make_unique<ccfuse::tp::GemmRs>(t, d);
       else h->ar = std::make_unique<ccfuse::tp::GemmAr>(t, d);
@@ -151,6 +158,16 @@ int ccfuse_tp_run(ccfuse_tp_op* op, const void* a, const void* b, void* c, void*
     if (op->ag) op->ag->run(a, b, c, s);
     else if (op->rs) op->rs->run(a, b, c, s);
     else op->ar->run(a, b, c, s);
+  });
+}
+
+int ccfuse_tp_gathered(ccfuse_tp_op* op, const void** out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
+    *out = nullptr;
+    CCFUSE_ARG_CHECK(op != nullptr, "op must be a handle from ccfuse_tp_create, got null");
+    CCFUSE_ARG_CHECK(op->ag != nullptr, "op ", op->op, " has no gathered A (only ag_gemm gathers)");
+    *out = op->ag->gathered_a();
   });
 }
 

@@ -1081,19 +1081,28 @@ __device__ __forceinline__ void presum_item_of(const Geometry& g, int64_t item, 
   token = item / g.world;
 }
 
-__global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row_of, const E* y, E* const* partial) {
+// `out` non-null (W = 1 only): the one rank's sum is the token's output, written there for the
+// num_tokens tokens (zeros for a token with no row: every slot dropped), and no combine follows;
+// otherwise every (source, token) item of max_tokens per source goes to its source's partial buffer.
+__global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row_of, const E* y, E* const* partial,
+                              E* out, int64_t num_tokens) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const int vecs = int(g.hidden / 8);
-  for (int64_t item = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; item < g.world * max_tokens;
-       item += warps) {
+  const int64_t items = out != nullptr ? num_tokens : g.world * max_tokens;
+  for (int64_t item = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; item < items; item += warps) {
     int src;
     int64_t token;
     presum_item_of(g, item, src, token);
     const int32_t mine = lane < g.topk ? row_of[(src * max_tokens + token) * g.topk + lane] : -1;
-    if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
-    presum_item(g, mine, y, reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden),
-                0, vecs);
+    int4* dst = out != nullptr ? reinterpret_cast<int4*>(out + token * g.hidden)
+                               : reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden);
+    if (__ballot_sync(0xffffffffu, mine >= 0) == 0) {  // warp-uniform
+      if (out != nullptr)
+        for (int v = lane; v < vecs; v += 32) dst[v] = make_int4(0, 0, 0, 0);
+      continue;
+    }
+    presum_item(g, mine, y, dst, 0, vecs);
   }
 }
 
@@ -1822,8 +1831,10 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     CCFUSE_CUDA_CHECK_LAUNCH();
     if (diag_gemm_only) return;
   } else {
-    run_layer1_presum_after(w2, stream, diag_gemm_only);
-    if (diag_gemm_only) return;
+    // W = 1: the pre-sum writes the output itself (the combine would copy its one partial).
+    const bool direct = s.geo.world == 1;
+    run_layer1_presum_after(w2, stream, diag_gemm_only, direct ? out : nullptr, num_tokens);
+    if (diag_gemm_only || direct) return;
   }
   // "l1presum": stop before the combine (against "l1gemm": the pre-sum's time; against the whole
   // layer: the combine's). The output is not written then.
@@ -1836,7 +1847,8 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
 
 // The pre-sum after the GEMM (presum_ctas 0): the weighted rows into y, then presum_kernel and
 // the done flags.
-void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only) {
+void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only, void* direct_out,
+                                     int64_t num_tokens) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
   const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(int(d.hidden / s.l1_block_n), s.plan.tile_prefix1);
@@ -1856,8 +1868,9 @@ void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool g
   // "l1gemm": stop after the GEMM (the pre-sum and combine kernels' time is the difference).
   if (gemm_only) return;
   presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.row_of, static_cast<const E*>(s.y),
-                                                 s.partial_peers);
+                                                 s.partial_peers, static_cast<E*>(direct_out), num_tokens);
   CCFUSE_CUDA_CHECK_LAUNCH();
+  if (direct_out != nullptr) return;  // W = 1: no peer waits for this rank's partials
   presum_notify_kernel<<<1, 32, 0, stream>>>(s.geo, s.sig->device());
   CCFUSE_CUDA_CHECK_LAUNCH();
 }

@@ -40,6 +40,13 @@ class CApi(unittest.TestCase):
         self.expect_error("ccfuse_ctypes.TpOp(lib, None, 'ag_gemm').run(0, 0, 0, 0)",
                           "op must be a handle from ccfuse_tp_create, got null")
         self.expect_error('lib._check(lib._dll.ccfuse_tp_create(b"ag_gemm", 8, 8, 8, 2, None))', "out must not be null")
+        self.expect_error('lib.tp_create("ag_gemm", 8, 8, 8, dtype="fp32")', "dtype 'fp32' must be one of bf16, fp16")
+        self.expect_error('lib._check(lib._dll.ccfuse_tp_create_typed(b"ag_gemm", 8, 8, 8, 1, 2, '
+                          'ccfuse_ctypes.ctypes.byref(ccfuse_ctypes.ctypes.c_void_p())))',
+                          "dtype 2 must be 0 (bf16) or 1 (fp16)")
+        self.expect_error("ccfuse_ctypes.TpOp(lib, None, 'ag_gemm').gathered()",
+                          "op must be a handle from ccfuse_tp_create, got null")
+        self.expect_error("lib._check(lib._dll.ccfuse_tp_gathered(None, None))", "out must not be null")
 
     def test_moe_entry_points(self):
         self.expect_error("lib.moe_ffn_create(64, 256, 128, 8, 2)", "no Team: call ccfuse_init_from_env() first")

@@ -56,7 +56,42 @@ class FakeTensor:
         return FakeTensor(self.shape, self.dtype)
 
     def contiguous(self):
-        return self
+        return FakeTensor(self.shape, self.dtype) if not self._contig else self
+
+    # what the autograd functions' backward passes use
+    def t(self):
+        return FakeTensor(self.shape[::-1], self.dtype, contiguous=False)
+
+    def matmul(self, other):
+        assert self.shape[1] == other.shape[0], (self.shape, other.shape)
+        return FakeTensor((self.shape[0], other.shape[1]), self.dtype)
+
+    def clone(self):
+        return FakeTensor(self.shape, self.dtype)
+
+    def view(self, dtype):
+        v = FakeTensor(self.shape, dtype)
+        v._ptr = self._ptr
+        return v
+
+
+class FakeCtx:
+    def __init__(self, needs):
+        self.needs_input_grad = needs
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+class FakeFunction:
+    """torch.autograd.Function's apply: forward with a context; the output keeps it for backward."""
+
+    @classmethod
+    def apply(cls, *args):
+        ctx = FakeCtx(tuple(isinstance(a, FakeTensor) for a in args))
+        out = cls.forward(ctx, *args)
+        out.grad_fn = (cls, ctx)
+        return out
 
 
 def fake_torch():
@@ -68,6 +103,18 @@ def fake_torch():
     t.tensor = lambda data, dtype=None, device=None: FakeTensor((len(data),), dtype)
     stream = types.SimpleNamespace(cuda_stream=1234)
     t.cuda = types.SimpleNamespace(current_stream=lambda device=None: stream)
+    t.autograd = types.SimpleNamespace(Function=FakeFunction)
+
+    def as_tensor(obj, device=None):
+        cai = obj.__cuda_array_interface__
+        v = FakeTensor(cai["shape"], "int16")
+        v._ptr = cai["data"][0]
+        return v
+    t.as_tensor = as_tensor
+    t.gathers = []  # torch.distributed.all_gather_into_tensor calls
+    t.distributed = types.SimpleNamespace(
+        get_world_size=lambda: 2,
+        all_gather_into_tensor=lambda out, x: t.gathers.append((out.shape, x.shape)))
     return t
 
 
@@ -77,6 +124,10 @@ class FakeOp:
 
     def run(self, *args):
         self.log.append(("run", self.key) + args)
+
+    def gathered(self):
+        self.log.append(("gathered", self.key))
+        return 0xA000
 
     def close(self):
         self.log.append(("close", self.key))
@@ -92,8 +143,8 @@ class FakeLib:
     def world_size(self):
         return self.world
 
-    def tp_create(self, op, m, n, k, b_kn=True):
-        self.log.append(("create", op, m, n, k, b_kn))
+    def tp_create(self, op, m, n, k, b_kn=True, dtype="bf16"):
+        self.log.append(("create", op, m, n, k, b_kn, dtype))
         return FakeOp(self.log, (op, m, n, k))
 
     def moe_ffn_create(self, *args, **kw):
@@ -122,7 +173,9 @@ class FakeLib:
 class TorchOps(unittest.TestCase):
     def setUp(self):
         self.saved = sys.modules.get("torch")
+        self.saved_dist = sys.modules.get("torch.distributed")
         sys.modules["torch"] = fake_torch()
+        sys.modules["torch.distributed"] = sys.modules["torch"].distributed
         sys.modules.pop("ccfuse.torch_ops", None)
         self.cf = importlib.import_module("ccfuse.torch_ops")
         self.lib = FakeLib(2)
@@ -131,10 +184,11 @@ class TorchOps(unittest.TestCase):
     def tearDown(self):
         self.cf._ops.clear()
         sys.modules.pop("ccfuse.torch_ops", None)
-        if self.saved is not None:
-            sys.modules["torch"] = self.saved
-        else:
-            sys.modules.pop("torch", None)
+        for name, saved in (("torch", self.saved), ("torch.distributed", self.saved_dist)):
+            if saved is not None:
+                sys.modules[name] = saved
+            else:
+                sys.modules.pop(name, None)
 
     def bf16(self, *shape, **kw):
         return FakeTensor(shape, "bfloat16", **kw)
@@ -150,11 +204,11 @@ class TorchOps(unittest.TestCase):
         self.assertEqual(c.shape, (1024, 3072))
         cf.ag_gemm(self.bf16(512, 1024), self.bf16(1024, 3072))
         self.assertEqual([x[0] for x in log], ["create", "run", "run"])  # created once per shape
-        self.assertEqual(log[0], ("create", "ag_gemm", 1024, 3072, 1024, True))
+        self.assertEqual(log[0], ("create", "ag_gemm", 1024, 3072, 1024, True, "bf16"))
         self.assertEqual(log[1][-1], 1234)  # torch's current stream
         y = cf.gemm_rs(self.bf16(4096, 512), self.bf16(2048, 512), b_is_weight=True)  # Linear weight [N, K/W]
         self.assertEqual(y.shape, (2048, 2048))
-        self.assertEqual(log[3], ("create", "gemm_rs", 4096, 2048, 1024, False))
+        self.assertEqual(log[3], ("create", "gemm_rs", 4096, 2048, 1024, False, "bf16"))
         z = cf.gemm_ar(self.bf16(4096, 512), self.bf16(512, 2048))
         self.assertEqual(z.shape, (4096, 2048))
         cf.finalize()
@@ -165,7 +219,9 @@ class TorchOps(unittest.TestCase):
         cf = self.cf
         a, b = self.bf16(512, 1024), self.bf16(1024, 3072)
         self.error(lambda: cf.ag_gemm(self.bf16(512, 1024, device="cpu"), b), "a must be a CUDA tensor, got device cpu")
-        self.error(lambda: cf.ag_gemm(FakeTensor((512, 1024), "float32"), b), "a must be bfloat16, got float32")
+        self.error(lambda: cf.ag_gemm(FakeTensor((512, 1024), "float32"), b),
+                   "a must be bfloat16 or float16, got float32")
+        self.error(lambda: cf.ag_gemm(a, FakeTensor((1024, 3072), "float16")), "b must be bfloat16, got float16")
         self.error(lambda: cf.ag_gemm(a, self.bf16(1024, 3072, contiguous=False)), "b must be contiguous (row-major)")
         self.error(lambda: cf.ag_gemm(a, self.bf16(1000, 3072)),
                    "ag_gemm: a is [.., 1024] but b is (1000, 3072): its K must be 1024")
@@ -179,6 +235,58 @@ class TorchOps(unittest.TestCase):
         self.error(lambda: cf.ag_gemm(a, b, out=alias), "out must not overlap b")
         cf._lib = None
         self.error(lambda: cf.ag_gemm(a, b), "ccfuse is not initialised: call ccfuse.torch_ops.init() first")
+
+    def test_fp16_and_gathered(self):
+        cf, log = self.cf, self.lib.log
+        h = FakeTensor((512, 1024), "float16")
+        c = cf.ag_gemm(h, FakeTensor((1024, 3072), "float16"))
+        self.assertEqual((c.dtype, log[0][-1]), ("float16", "fp16"))
+        cf.ag_gemm(self.bf16(512, 1024), self.bf16(1024, 3072))  # another op: the dtype is in the key
+        self.assertEqual([x[0] for x in log], ["create", "run", "create", "run"])
+        c, g = cf.ag_gemm(self.bf16(512, 1024), self.bf16(1024, 3072), return_gathered=True)
+        self.assertEqual((g.shape, g.dtype, g.data_ptr()), ((1024, 1024), "bfloat16", 0xA000))
+        self.assertEqual(log[-1], ("gathered", ("ag_gemm", 1024, 3072, 1024)))
+
+    def backward(self, y, gy):
+        fn, ctx = y.grad_fn
+        return fn.backward(ctx, gy)
+
+    def test_parallel_linears(self):
+        cf, log, torch = self.cf, self.lib.log, sys.modules["torch"]
+        # W = 2, S = 1024 tokens, H = 512, N = 2048 (N/W = 1024 per rank)
+        x, w_col, w_row = self.bf16(512, 512), self.bf16(1024, 512), self.bf16(512, 1024)
+        y = cf.column_parallel_linear(x, w_col)  # sequence parallel: ag_gemm forward
+        self.assertEqual(y.shape, (1024, 1024))
+        self.assertEqual(log[0], ("create", "ag_gemm", 1024, 1024, 512, False, "bf16"))
+        gx, gw, _ = self.backward(y, self.bf16(1024, 1024))
+        self.assertEqual((gx.shape, gw.shape), ((512, 512), (1024, 512)))  # x's and weight's shapes
+        self.assertEqual(log[2], ("create", "gemm_rs", 1024, 512, 2048, True, "bf16"))  # gy @ weight, K = N
+        self.assertEqual(torch.gathers, [((1024, 512), (512, 512))])  # x gathered again for the weight
+        y = cf.column_parallel_linear(x, w_col, save_gathered=True)
+        n = len(log)
+        self.backward(y, self.bf16(1024, 1024))
+        self.assertEqual(len(torch.gathers), 1)  # saved from the forward: no all-gather
+        self.assertIn(("gathered", ("ag_gemm", 1024, 1024, 512)), log)
+        self.assertEqual(log[n][0:2], ("run", ("gemm_rs", 1024, 512, 2048)))
+        z = cf.row_parallel_linear(y, w_row)  # y [S, N/W] -> [S/W, H] by gemm_rs
+        self.assertEqual(z.shape, (512, 512))
+        self.assertEqual(log[-1][0:2], ("run", ("gemm_rs", 1024, 512, 2048)))
+        gy, gw = self.backward(z, self.bf16(512, 512))
+        self.assertEqual((gy.shape, gw.shape), ((1024, 1024), (512, 1024)))
+        self.assertEqual(log[-3][0:2], ("create", "ag_gemm"))  # AllGather(gz) @ w_row, K = H
+        self.assertEqual(log[-3][2:], (1024, 1024, 512, True, "bf16"))
+        self.assertEqual(log[-1], ("gathered", ("ag_gemm", 1024, 1024, 512)))
+        # without sequence parallelism: a local GEMM forward and gemm_ar backward; gemm_ar forward
+        xr = self.bf16(1024, 512)
+        y = cf.column_parallel_linear(xr, w_col, sequence_parallel=False)
+        self.assertEqual((y.shape, log[-1][0]), ((1024, 1024), "gemm"))
+        gx, gw = self.backward(y, self.bf16(1024, 1024))
+        self.assertEqual((gx.shape, gw.shape), ((1024, 512), (1024, 512)))
+        self.assertEqual(log[-1][0:2], ("run", ("gemm_ar", 1024, 512, 2048)))
+        z = cf.row_parallel_linear(y, w_row, sequence_parallel=False)
+        self.assertEqual((z.shape, log[-1][0:2]), ((1024, 512), ("run", ("gemm_ar", 1024, 512, 2048))))
+        gy, gw = self.backward(z, self.bf16(1024, 512))
+        self.assertEqual((gy.shape, gw.shape, log[-1][0]), ((1024, 1024), (512, 1024), "gemm"))
 
     def test_moe(self):
         cf, log = self.cf, self.lib.log

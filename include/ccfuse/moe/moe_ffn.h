@@ -198,7 +198,9 @@ class MoeFfn {
   std::unique_ptr<State> s_;
   void run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out,
                          cudaStream_t stream);
-  void run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only);
+  // direct_out (W = 1): the pre-sum writes the num_tokens output rows itself, no flags, no combine.
+  void run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only, void* direct_out = nullptr,
+                               int64_t num_tokens = 0);
 };
 
 namespace internal {
