@@ -2,7 +2,7 @@
 # One device call (2026-12-06, evening; one GPU lent): (1) the GpuMoeFfn tests and the choose_config
 # tests with the new binaries; (2) ccfuse.torch_ops' TP linears with autograd and ag_gemm's gathered
 # view through torch at W = 1 (tools/torch_tp_linear_check.py); (3) layer 1's pre-sum writing the
-# output itself at W = 1 (no combine kernel) against the previous binaries (.carry/bin-old), MoE
+# output itself at W = 1 (no combine kernel) against CCFUSE_MOE_L1_DIRECT=0 (the combine), MoE
 # FFN A/B, two passes; (4) the ring tests at W = 8 in a one-GPU world, six passes. Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ tar xzf $O/t/ccfuse-results.tgz -C $O/t 2>/dev/null
     --ccfuse-lib .carry/bin/libccfuse_c.so --json $O/tp_linear.jsonl > $O/tp_linear.log 2>&1
   echo "rc=$?" >> $O/tp_linear.log
 )
-OUT=$O/ab W1AB_DIAG=0 W1AB_AB_PASSES=2 W1AB_VARIANTS=default bash tools/w1_copy_ab.sh > $O/ab.log 2>&1
+OUT=$O/ab W1AB_BINS="combine=.carry/bin,CCFUSE_MOE_L1_DIRECT=0 direct=.carry/bin" W1AB_DIAG=0 W1AB_AB_PASSES=2 W1AB_VARIANTS=default bash tools/w1_copy_ab.sh > $O/ab.log 2>&1
 OUT=$O/w8 GTEST_REPEAT=6 CCFUSE_ONE_GPU_RANKS=8 CCFUSE_TEST_FILTER='GpuTeam.Thousand*:GpuTeam.CudaGraph*' \
   CCFUSE_TEST_TIMEOUT=${CCFUSE_RING_TIMEOUT:-150} bash tools/gpu_run.sh one_gpu_world > /dev/null 2>&1
 tar xzf $O/w8/ccfuse-results.tgz -C $O/w8 2>/dev/null
@@ -27,4 +27,4 @@ echo "== torch linears at W = 1:"; grep -vE '^(W|\[)' $O/tp_linear.log | tail -1
 f=$O/w8/one_gpu_world_w8.log
 echo "== W=8 ring x6: $(grep -cE '^\[       OK' $f) ok, $(grep -cE '^\[  FAILED  \] [A-Z]' $f) failed; iterations started: $(grep -c 'Repeating all tests' $f)"
 grep -E "still busy|\(not reached\)|failed|threw|timed out" $f | head -20
-echo "== MoE W = 1 A/B (old = .carry/bin-old, new = .carry/bin):"; tail -40 $O/ab.log
+echo "== MoE W = 1 A/B (combine = CCFUSE_MOE_L1_DIRECT=0, direct = the default):"; tail -40 $O/ab.log

@@ -1832,7 +1832,9 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     if (diag_gemm_only) return;
   } else {
     // W = 1: the pre-sum writes the output itself (the combine would copy its one partial).
-    const bool direct = s.geo.world == 1;
+    // CCFUSE_MOE_L1_DIRECT=0: the pre-sum into the partial buffer and the combine as at W > 1 (A/B).
+    const char* direct_env = std::getenv("CCFUSE_MOE_L1_DIRECT");
+    const bool direct = s.geo.world == 1 && !(direct_env != nullptr && std::strcmp(direct_env, "0") == 0);
     run_layer1_presum_after(w2, stream, diag_gemm_only, direct ? out : nullptr, num_tokens);
     if (diag_gemm_only || direct) return;
   }
