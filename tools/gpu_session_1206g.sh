@@ -25,7 +25,7 @@ if [[ " $parts " == *" checks "* || " $parts " == *" torch "* ]]; then
   echo "rc=$?" >> $O/tp_linear.log
 )
 fi
-[[ " $parts " == *" ab "* ]] && OUT=$O/ab W1AB_BINS="combine=.carry/bin,CCFUSE_MOE_L1_DIRECT=0 direct=.carry/bin" W1AB_DIAG=0 W1AB_AB_PASSES=${G1206_AB_PASSES:-2} W1AB_VARIANTS=default bash tools/w1_copy_ab.sh > $O/ab.log 2>&1
+[[ " $parts " == *" ab "* ]] && mkdir -p $O/ab && OUT=$O/ab W1AB_BINS="combine=.carry/bin,CCFUSE_MOE_L1_DIRECT=0 direct=.carry/bin" W1AB_DIAG=0 W1AB_AB_PASSES=${G1206_AB_PASSES:-2} W1AB_VARIANTS=default bash tools/w1_copy_ab.sh > $O/ab.log 2>&1
 if [[ " $parts " == *" checks "* ]]; then
 OUT=$O/w8 GTEST_REPEAT=6 CCFUSE_ONE_GPU_RANKS=8 CCFUSE_TEST_FILTER='GpuTeam.Thousand*:GpuTeam.CudaGraph*' \
   CCFUSE_TEST_TIMEOUT=${CCFUSE_RING_TIMEOUT:-240} bash tools/gpu_run.sh one_gpu_world > /dev/null 2>&1
