@@ -6,6 +6,9 @@
 # FFN A/B, two passes; (4) the ring tests at W = 8 in a one-GPU world, six passes. Logs under $OUT.
 # G1206_PARTS: "checks" (1, 2, 4), "torch" (2) and/or "ab" (3); default checks and ab (over 10
 # minutes: one call each). G1206_AB_PASSES: the A/B's passes (2).
+# "combine" (later the same evening): the combine kernel by warps per token (.carry/bin-new)
+# against the old one (.carry/bin), both at W = 1 with CCFUSE_MOE_L1_DIRECT=0, and the direct
+# pre-sum; the GpuMoeFfn tests with CCFUSE_MOE_L1_DIRECT=0 on the new binaries first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
@@ -43,3 +46,13 @@ grep -E "still busy|\(not reached\)|failed|threw|timed out" $f | head -20
 fi
 [[ " $parts " == *" ab "* ]] && {
 echo "== MoE W = 1 A/B (combine = CCFUSE_MOE_L1_DIRECT=0, direct = the default):"; tail -40 $O/ab.log; }
+if [[ " $parts " == *" combine "* ]]; then
+  OUT=$O/tc CCFUSE_BIN=.carry/bin-new CCFUSE_MOE_L1_DIRECT=0 CCFUSE_TEST_FILTER='*GpuMoeFfn*' CCFUSE_TEST_TIMEOUT=300 \
+    bash tools/gpu_run.sh tests_only > /dev/null 2>&1
+  tar xzf $O/tc/ccfuse-results.tgz -C $O/tc 2>/dev/null
+  echo "== tests with the combine kernel at W = 1: $(grep -E '^\[  (PASSED|FAILED) ' $O/tc/gpu_tests_only.log | tr '\n' ' ')"
+  mkdir -p $O/cab
+  OUT=$O/cab W1AB_BINS="oldcombine=.carry/bin,CCFUSE_MOE_L1_DIRECT=0 newcombine=.carry/bin-new,CCFUSE_MOE_L1_DIRECT=0 direct=.carry/bin-new" \
+    W1AB_DIAG=0 W1AB_AB_PASSES=${G1206_AB_PASSES:-2} W1AB_VARIANTS=default bash tools/w1_copy_ab.sh > $O/cab.log 2>&1
+  echo "== MoE W = 1, layer 1's combine:"; tail -40 $O/cab.log
+fi
