@@ -10,6 +10,7 @@ Prints one line per case (relative errors of y, x.grad, weight.grad) and exits 1
 --tol (1e-2) or is not finite. W = 1 checks the wiring (shapes, transposes, the ops each backward
 calls); W >= 2 also the communication each backward transposes into."""
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -48,6 +49,9 @@ def main():
     rows, cols = slice(r * S // w, (r + 1) * S // w), slice(r * N // w, (r + 1) * N // w)
     dev = torch.device("cuda", local)
     failures, records = 0, []
+    meta = {"tool": "torch_tp_linear_check", "gpu": torch.cuda.get_device_name(dev),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": os.environ.get("CCFUSE_COMMIT", "unknown"), "torch": torch.__version__}
     for dtype in (torch.bfloat16, torch.float16):
         g = torch.Generator(device="cpu").manual_seed(args.seed)
         rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, dtype=torch.float64) * scale)  # noqa: E731
@@ -67,7 +71,7 @@ def main():
             errs = {"y": rel_err(y, y_ref), "x_grad": rel_err(x.grad, gx_ref), "w_grad": rel_err(wt.grad, gw_ref)}
             ok = all(e <= args.tol for e in errs.values())
             failures += 0 if ok else 1
-            rec = {"case": name, "dtype": str(dtype).replace("torch.", ""), "world_size": w, "rank": r,
+            rec = {**meta, "case": name, "dtype": str(dtype).replace("torch.", ""), "world_size": w, "rank": r,
                    "tokens": S, "hidden": H, "ffn": N, **{"rel_err_" + k: v for k, v in errs.items()}, "ok": ok}
             records.append(rec)
             if r == 0:
@@ -95,7 +99,7 @@ def main():
         e = rel_err(c, X @ Wc[cols].T)
         ok = exact and e <= args.tol and c.data_ptr() == out.data_ptr()
         failures += 0 if ok else 1
-        records.append({"case": "ag_gemm_gathered", "dtype": str(dtype).replace("torch.", ""), "world_size": w,
+        records.append({**meta, "case": "ag_gemm_gathered", "dtype": str(dtype).replace("torch.", ""), "world_size": w,
                         "rank": r, "gathered_exact": exact, "rel_err_y": e, "ok": ok})
         if r == 0:
             print("%-28s %-8s W=%d  y %.2e  gathered %s  %s" % ("ag_gemm_gathered", str(dtype).replace("torch.", ""),
