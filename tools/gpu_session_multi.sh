@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The acceptance calls of issues 4 and 5 (2 GPUs), 6 (4) and 7 (8), at whatever W this machine
+# has (nvidia-smi -L): one part per device call, each under the 10-minute limit, logs under
+# $OUT/<part> (gpu_run.sh's tarball unpacked there), a short summary printed last.
+# Stage first with every binary (bash tools/stage_gpu.sh; libccfuse_c.so for the torch parts) and
+# carry [".carry"]. Written 2026-12-06 for the first multi-GPU session after a week of one GPU.
+#
+#   bash tools/gpu_session_multi.sh PART [PART ...]
+#     tests    the whole GPU suite at W (gpu_run.sh tests: ~370 cases at W = 2, 1000-call loops and
+#              CUDA-graph replays included) and ccfuse check; then the parallel linears with autograd
+#              through torch (tools/torch_tp_linear_check.py under torchrun, W ranks)
+#     tp       the TP table: comm microbench, fused vs serial NCCL+cuBLAS vs PyTorch async-TP in one
+#              run (gpu_run.sh comm tp; tools/tp_report.py renders the README table from its JSON)
+#     moe      the MoE FFN against the serial Megatron-style layer, the tuner's default
+#              (gpu_run.sh moe moe_ab with CCFUSE_MOE_AB_VARIANTS, default "default")
+#     moediag  Qwen3's diagnostics at EP = W (gpu_run.sh moe_diag; CCFUSE_MOE_DIAGS overrides)
+#     pairs    CTA pairs on this GPU for the even 20-30-wave shapes (one GPU of the machine)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp/ccfuse-out}
+mkdir -p "$O"
+for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz" && chmod +x "${gz%.gz}"; done
+ngpu=$(nvidia-smi -L | wc -l)
+lines=()
+unpack() { [ -f "$1/ccfuse-results.tgz" ] && tar xzf "$1/ccfuse-results.tgz" -C "$1" && rm -f "$1/ccfuse-results.tgz"; }
+for part in "$@"; do
+  d=$O/$part
+  mkdir -p "$d"
+  case $part in
+    tests)
+      OUT=$d bash tools/gpu_run.sh tests > "$d/run.out" 2>&1
+      unpack "$d"
+      lines+=("tests at W = $ngpu: $(grep -E '^\[  (PASSED|FAILED) ' "$d/gpu_tests.log" | tr '\n' ' '); check $(grep -c '^PASS' "$d/gpu_check.log") PASS $(grep -c '^FAIL' "$d/gpu_check.log") FAIL")
+      while read -r l; do lines+=("  $l"); done < <(grep -E '^\[  FAILED  \] [A-Z]' "$d/gpu_tests.log" | sort -u | head -10)
+      ( source tools/gpu_env.sh
+        timeout 240 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_tp_linear_check.py \
+          --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/tp_linear.jsonl" > "$d/tp_linear.log" 2>&1
+        echo "rc=$?" >> "$d/tp_linear.log" )
+      lines+=("parallel linears at W = $ngpu: $(grep -E '^torch_tp_linear_check:|^rc=' "$d/tp_linear.log" | tr '\n' ' ')")
+      ;;
+    tp)
+      OUT=$d bash tools/gpu_run.sh comm tp > "$d/run.out" 2>&1
+      unpack "$d"
+      lines+=("tp table (tp_table.log):")
+      while read -r l; do lines+=("  $l"); done < <(tail -n 16 "$d/tp_table.log" 2>/dev/null)
+      ;;
+    moe)
+      OUT=$d CCFUSE_MOE_DISPATCH=alltoall CCFUSE_MOE_AB_VARIANTS=${CCFUSE_MOE_AB_VARIANTS:-default} \
+        bash tools/gpu_run.sh moe moe_ab > "$d/run.out" 2>&1
+      unpack "$d"
+      for f in "$d"/moe_table_*.log; do
+        [ -f "$f" ] || continue
+        lines+=("moe $(basename "$f" .log): $(grep -m1 '^geomean' "$f"); $(grep -m1 '^fused/limit' "$f")")
+      done
+      ;;
+    moediag)
+      OUT=$d CCFUSE_MOE_DIAG_MODELS=${CCFUSE_MOE_DIAG_MODELS:-qwen3} CCFUSE_MOE_DIAG_TOKENS="${CCFUSE_MOE_DIAG_TOKENS:-4096 16384}" \
+        CCFUSE_MOE_DIAGS="${CCFUSE_MOE_DIAGS:-none l0pre nowait nosend l0sendonly l0nolocal l1gemm l1presum}" \
+        bash tools/gpu_run.sh moe_diag > "$d/run.out" 2>&1
+      unpack "$d"
+      while read -r l; do lines+=("  $l"); done < <(cat "$d/moe_diag_summary.log" 2>/dev/null)
+      ;;
+    pairs)
+      ( source tools/gpu_env.sh
+        for round in 1 2; do
+          for shape in "8192 14336 8192" "4096 28672 8192" "8192 8192 14336"; do
+            set -- $shape
+            for v in 1 2; do
+              CUDA_VISIBLE_DEVICES=0 CCFUSE_GEMM_CLUSTER_M=$v timeout 60 .carry/bin/ccfuse bench --op gemm --m $1 --n $2 \
+                --k $3 --dtype bf16 --iters 10 --json "$d/pairs.jsonl" > /dev/null 2>> "$d/pairs.err"
+            done
+          done
+        done )
+      while read -r l; do lines+=("  $l"); done < <(python3 - "$d/pairs.jsonl" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print('%5d x %5d x %5d %-50s ours/cuBLASLt %5.1f %%' % (r['m'], r['n'], r['k'], r.get('config', '')[:50],
+          r.get('pct_of_cublas', 0)))
+PY
+)
+      ;;
+    *) echo "gpu_session_multi.sh: unknown part '$part' (tests tp moe moediag pairs)" >&2; exit 2 ;;
+  esac
+done
+echo "== $(nvidia-smi -L | head -1 | cut -c1-60) x $ngpu, binaries $(cat .carry/commit 2>/dev/null)"
+printf '%s\n' "${lines[@]}"
