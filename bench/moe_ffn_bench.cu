@@ -378,7 +378,8 @@ const char* const kUsage =
     "  CCFUSE_MOE_STRIPE_ROWS=N: rows per send warp per round of the striped dispatch (1..32, default 4).\n"
     "  CCFUSE_MOE_GROUPED_SYM=1: the plain grouped GEMMs' A and C in symmetric memory (A/B of the allocation).\n"
     "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n"
-    "  CCFUSE_MOE_L1_PINGPONG=1|0: layer 1's GEMM on 128x128 ping-pong tiles or 128x256 (not the tuner's).\n";
+    "  CCFUSE_MOE_L1_PINGPONG=1|0: layer 1's GEMM on 128x128 ping-pong tiles or 128x256 (not the tuner's).\n"
+    "  CCFUSE_MOE_L1_DIRECT=0: layer 1 ends in the combine kernel at W = 1 too (MoeFfnConfig::always_combine).\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {
@@ -652,6 +653,8 @@ int main(int argc, char** argv) {
               // the GEMM); CCFUSE_MOE_L1_PINGPONG=1|0 forces ping-pong or the 128x256 tile (A/B).
               cfg.l1_pingpong = choice.l1_pingpong && cfg.presum_ctas == 0 && cfg.tma_store ? 1 : 0;
               if (const std::string v = env_or("CCFUSE_MOE_L1_PINGPONG", ""); !v.empty()) cfg.l1_pingpong = v == "1" ? 1 : 0;
+              // CCFUSE_MOE_L1_DIRECT=0: layer 1's combine kernel at W = 1 too (MoeFfnConfig::always_combine).
+              cfg.always_combine = env_or("CCFUSE_MOE_L1_DIRECT", "") == "0";
               // CCFUSE_MOE_DISPATCH_SPREAD_FRACTION=f (experiment): layer 0's dispatch paced over f x its
               // GEMM's estimated time (T * k rows x [H, 2F] at 700 TFLOP/s; MoeFfnConfig::dispatch_spread_us).
               if (const std::string v = env_or("CCFUSE_MOE_DISPATCH_SPREAD_FRACTION", ""); !v.empty()) {

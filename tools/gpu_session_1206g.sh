@@ -8,7 +8,9 @@
 # minutes: one call each). G1206_AB_PASSES: the A/B's passes (2).
 # "combine" (later the same evening): the combine kernel by warps per token (.carry/bin-new)
 # against the old one (.carry/bin), both at W = 1 with CCFUSE_MOE_L1_DIRECT=0, and the direct
-# pre-sum; the GpuMoeFfn tests with CCFUSE_MOE_L1_DIRECT=0 on the new binaries first.
+# pre-sum; the GpuMoeFfn tests with CCFUSE_MOE_L1_DIRECT=0 on the new binaries first. (Binaries of
+# c21018d, where the library read that variable; since then MoeFfnConfig::always_combine, which
+# the bench sets from it and the tests presum_combine_kernel_* set themselves.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}

@@ -1553,7 +1553,9 @@ std::string MoeFfn::describe() const {
                     ? " layer1=grouped(sliced)+row-weight combine=presum(per token and rank, " +
                           std::to_string(s_->presum_ctas) + " side CTAs beside the GEMM) reduce=fp32-rank-sum"
                     : std::string(s_->l1_pp ? " layer1=grouped(128x128x64/6 ping-pong)" : " layer1=grouped") +
-                          "+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum")
+                          "+row-weight combine=presum(per token and rank, after the GEMM) reduce=fp32-rank-sum" +
+                          (s_->geo.world == 1 && !s_->cfg.always_combine ? "(W=1: the pre-sum writes the output)"
+                                                                          : ""))
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
@@ -1842,10 +1844,9 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     CCFUSE_CUDA_CHECK_LAUNCH();
     if (diag_gemm_only) return;
   } else {
-    // W = 1: the pre-sum writes the output itself (the combine would copy its one partial).
-    // CCFUSE_MOE_L1_DIRECT=0: the pre-sum into the partial buffer and the combine as at W > 1 (A/B).
-    const char* direct_env = std::getenv("CCFUSE_MOE_L1_DIRECT");
-    const bool direct = s.geo.world == 1 && !(direct_env != nullptr && std::strcmp(direct_env, "0") == 0);
+    // W = 1: the pre-sum writes the output itself (the combine would copy its one partial), unless
+    // MoeFfnConfig::always_combine.
+    const bool direct = s.geo.world == 1 && !s.cfg.always_combine;
     run_layer1_presum_after(w2, stream, diag_gemm_only, direct ? out : nullptr, num_tokens);
     if (diag_gemm_only || direct) return;
   }

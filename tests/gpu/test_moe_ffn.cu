@@ -99,6 +99,7 @@ struct Case {
   int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, through registers)
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
   int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by H, ping-pong from 4096)
+  bool always_combine = false;  // MoeFfnConfig::always_combine (the combine kernel at W = 1 too)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -293,6 +294,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.bulk_dispatch = c.bulk;
     config.dispatch_spread_us = c.dispatch_spread_us;
     config.l1_pingpong = c.l1_pingpong;
+    config.always_combine = c.always_combine;
     config.interleave_sends = c.interleave_sends;
     config.dispatch = c.dispatch;
     config.gather_rows = c.gather_rows;
@@ -479,6 +481,16 @@ std::vector<Case> cases() {
               0.01, 5, presum};
   pp_few.l1_pingpong = 1;
   v.push_back(pp_few);
+  // The combine kernel at every W (at W = 1 the pre-sum writes the output itself unless
+  // always_combine): top-8 with dropped slots and fully dropped tokens, uneven ranks, a hidden size
+  // whose row is not a multiple of 64 pieces (H = 768: 96 pieces, the warp's second piece partial).
+  for (Case cc : {Case{"presum_combine_kernel_top8_drops", 512, 256, 16, 8, true, BLayout::kKN, Route::kZipf,
+                       {300, 90}, 0, 0.1, 0.05, 0, presum},
+                  Case{"presum_combine_kernel_h768", 768, 384, 8, 2, true, BLayout::kNK, Route::kUniform, {200}, 0,
+                       0, 0.05, 0, presum}}) {
+    cc.always_combine = true;
+    v.push_back(cc);
+  }
   Case regs{"regstore_whole_tiles_swiglu", 512, 256, 4, 2, true, BLayout::kNK, Route::kUniform, {1024}, 0, 0, 0, 0,
             presum};
   regs.tma_store = false;

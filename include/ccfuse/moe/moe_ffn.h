@@ -147,6 +147,11 @@ struct MoeFfnConfig {
   // 0 = the cooperative 128x256x64/3 tile; -1 = moe::auto_l1_pingpong (H >= 4096: its GEMM's N, the
   // grouped GEMM's rule). Written and measured 2026-12-02 (docs/moe-layers.md).
   int l1_pingpong = -1;
+  // Layer 1 always ends in the combine kernel. At W = 1 the pre-sum otherwise writes the output
+  // itself (the combine would copy its one partial; since 2026-12-06, docs/moe-layers.md); true
+  // keeps the W > 1 path there (A/B runs, and tests of the combine kernel on one GPU). Tool env
+  // CCFUSE_MOE_L1_DIRECT=0.
+  bool always_combine = false;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.
