@@ -61,23 +61,27 @@ def main():
         Gr = rnd(S, H)
         on = lambda t: t.to(dev, dtype).contiguous()  # noqa: E731
 
-        def case(name, fn, x, wt, gy, y_ref, gx_ref, gw_ref):
+        def case(name, fn, x, wt, gy, y_ref, gx_ref, gw_ref, bias=None):
             nonlocal failures
             x = on(x).requires_grad_()
             wt = on(wt).requires_grad_()
-            y = fn(x, wt)
+            b = on(bias).requires_grad_() if bias is not None else None
+            y = fn(x, wt) if b is None else fn(x, wt, b)
             y.backward(on(gy))
             torch.cuda.synchronize()
-            errs = {"y": rel_err(y, y_ref), "x_grad": rel_err(x.grad, gx_ref), "w_grad": rel_err(wt.grad, gw_ref)}
+            errs = {"y": rel_err(y, y_ref + (bias if bias is not None else 0)), "x_grad": rel_err(x.grad, gx_ref),
+                    "w_grad": rel_err(wt.grad, gw_ref)}
+            if b is not None:  # this rank's rows of gy summed (with sequence parallelism, its rows only)
+                errs["b_grad"] = rel_err(b.grad, gy.sum(0))
             ok = all(e <= args.tol for e in errs.values())
             failures += 0 if ok else 1
             rec = {**meta, "case": name, "dtype": str(dtype).replace("torch.", ""), "world_size": w, "rank": r,
                    "tokens": S, "hidden": H, "ffn": N, **{"rel_err_" + k: v for k, v in errs.items()}, "ok": ok}
             records.append(rec)
             if r == 0:
-                print("%-28s %-8s W=%d  y %.2e  x.grad %.2e  w.grad %.2e  %s" % (
-                    name, rec["dtype"], w, errs["y"], errs["x_grad"], errs["w_grad"], "ok" if ok else "FAIL"),
-                    flush=True)
+                print("%-28s %-8s W=%d  y %.2e  x.grad %.2e  w.grad %.2e%s  %s" % (
+                    name, rec["dtype"], w, errs["y"], errs["x_grad"], errs["w_grad"],
+                    "  b.grad %.2e" % errs["b_grad"] if "b_grad" in errs else "", "ok" if ok else "FAIL"), flush=True)
 
         # Megatron's column-parallel layer: rank r holds output features cols of Wc.
         for save in (False, True):
@@ -91,6 +95,12 @@ def main():
              Gr @ Wr[:, cols], Gr.T @ Xr[:, cols])
         case("row", lambda x, wt: cf.row_parallel_linear(x, wt, sequence_parallel=False), Xr[:, cols], Wr[:, cols],
              Gr, Xr @ Wr.T, Gr @ Wr[:, cols], Gr.T @ Xr[:, cols])
+        # With biases (added by torch after the fused op): the column layer's shard, the row layer's whole.
+        Bc, Br = rnd(N), rnd(H)
+        case("column_sp_bias", lambda x, wt, b: cf.column_parallel_linear(x, wt, b), X[rows], Wc[cols], Gc[:, cols],
+             X @ Wc[cols].T, (Gc @ Wc)[rows], Gc[:, cols].T @ X, bias=Bc[cols])
+        case("row_sp_bias", lambda x, wt, b: cf.row_parallel_linear(x, wt, b), Xr[:, cols], Wr[:, cols], Gr[rows],
+             (Xr @ Wr.T)[rows], Gr @ Wr[:, cols], Gr.T @ Xr[:, cols], bias=Br)
 
         # ag_gemm's gathered view: every rank's rows, bit for bit; c into a poisoned buffer.
         out = torch.full((S, N // w), float("nan"), dtype=dtype, device=dev)

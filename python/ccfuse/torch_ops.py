@@ -171,9 +171,10 @@ def gemm_ar(a, b, out=None, b_is_weight=False):
 # ---- Megatron's tensor-parallel linears with autograd ----------------------------------------
 # Weights are the layers' own torch Linear weights, sharded as Megatron shards them: a column-
 # parallel layer holds weight [N/W, H] (its output features), a row-parallel one weight [H, K/W]
-# (its input features). No bias (add it after: a column-parallel bias is per shard, a row-parallel
-# one after the reduction). Each backward runs the fused op that the forward's communication
-# transposes into: AllGather <-> ReduceScatter, AllReduce <-> nothing.
+# (its input features). A bias is added by torch after the fused op (a column-parallel one is this
+# rank's shard, a row-parallel one the whole row, after the reduction). Each backward runs the
+# fused op that the forward's communication transposes into: AllGather <-> ReduceScatter,
+# AllReduce <-> nothing.
 
 
 class _ColumnParallelSP(torch.autograd.Function):
@@ -263,28 +264,36 @@ def _all_gather_rows(x):
     return total
 
 
-def column_parallel_linear(x, weight, sequence_parallel=True, save_gathered=False):
-    """Megatron's ColumnParallelLinear (no bias) with autograd; weight [N/W, H] -> y [S, N/W].
+def column_parallel_linear(x, weight, bias=None, sequence_parallel=True, save_gathered=False):
+    """Megatron's ColumnParallelLinear with autograd; weight [N/W, H], bias [N/W] -> y [S, N/W].
 
     sequence_parallel: x is this rank's shard [S/W, H]; forward ag_gemm, backward gemm_rs for x's
     gradient and, for the weight's, the gathered x: saved from the forward (save_gathered=True, a
     copy of S x H per layer) or gathered again by torch.distributed (default, as Megatron does).
-    Otherwise x [S, H] is replicated: forward a local GEMM, backward gemm_ar.
+    Otherwise x [S, H] is replicated: forward a local GEMM, backward gemm_ar. The bias (this rank's
+    shard) is added after the GEMM by torch, which also gives its gradient.
     """
     if sequence_parallel:
-        return _ColumnParallelSP.apply(x, weight, save_gathered)
-    return _ColumnParallel.apply(x, weight)
+        y = _ColumnParallelSP.apply(x, weight, save_gathered)
+    else:
+        y = _ColumnParallel.apply(x, weight)
+    return y if bias is None else y + bias
 
 
-def row_parallel_linear(x, weight, sequence_parallel=True):
-    """Megatron's RowParallelLinear (no bias) with autograd; x [S, K/W], weight [H, K/W].
+def row_parallel_linear(x, weight, bias=None, sequence_parallel=True):
+    """Megatron's RowParallelLinear with autograd; x [S, K/W], weight [H, K/W], bias [H].
 
     sequence_parallel: y = this rank's rows [S/W, H] (forward gemm_rs, backward ag_gemm with its
     gathered gradient for the weight's); otherwise y [S, H] (forward gemm_ar, backward local GEMMs).
+    The bias, the same on every rank, is added after the reduction by torch. With sequence
+    parallelism its gradient on a rank covers that rank's rows only: sum it over the TP group
+    before the optimizer step, as Megatron does for its sequence-parallel parameters.
     """
     if sequence_parallel:
-        return _RowParallelSP.apply(x, weight)
-    return _RowParallel.apply(x, weight)
+        y = _RowParallelSP.apply(x, weight)
+    else:
+        y = _RowParallel.apply(x, weight)
+    return y if bias is None else y + bias
 
 
 def _same_device(a, **others):

@@ -69,6 +69,10 @@ class FakeTensor:
     def clone(self):
         return FakeTensor(self.shape, self.dtype)
 
+    def __add__(self, other):  # a bias [N] broadcast over the rows
+        assert other.shape == self.shape[-1:], (self.shape, other.shape)
+        return FakeTensor(self.shape, self.dtype)
+
     def view(self, dtype):
         v = FakeTensor(self.shape, dtype)
         v._ptr = self._ptr
@@ -287,6 +291,13 @@ class TorchOps(unittest.TestCase):
         self.assertEqual((z.shape, log[-1][0:2]), ((1024, 512), ("run", ("gemm_ar", 1024, 512, 2048))))
         gy, gw = self.backward(z, self.bf16(1024, 512))
         self.assertEqual((gy.shape, gw.shape, log[-1][0]), ((1024, 1024), (512, 1024), "gemm"))
+        # biases: the column layer's shard [N/W], the row layer's whole [H], added after the op
+        y = cf.column_parallel_linear(x, w_col, self.bf16(1024))
+        self.assertEqual((y.shape, log[-1][0:2]), ((1024, 1024), ("run", ("ag_gemm", 1024, 1024, 512))))
+        z = cf.row_parallel_linear(y, w_row, self.bf16(512))
+        self.assertEqual((z.shape, log[-1][0:2]), ((512, 512), ("run", ("gemm_rs", 1024, 512, 2048))))
+        with self.assertRaises(AssertionError):  # a bias of the wrong width does not broadcast
+            cf.row_parallel_linear(y, w_row, self.bf16(1024))
 
     def test_moe(self):
         cf, log = self.cf, self.lib.log
