@@ -44,6 +44,18 @@
  * max_rows are dropped. workspace: device memory of ccfuse_grouped_gemm_workspace_bytes bytes,
  * 16-byte aligned, used in stream order (one per concurrently running call).
  *
+ * The GPU MoE router (ccfuse/moe/router_gpu.h, docs/moe-routing.md; no Team needed): top-k experts
+ * per token from the caller's fp32 gate logits, with an optional capacity.
+ *   ccfuse_moe_route_workspace_bytes(E, topk, score, normalize, cf, drop, W, T, &bytes)
+ *   ccfuse_moe_route(E, topk, score, normalize, cf, drop, W, logits, T, bias, topk_ids, topk_weights,
+ *                    tokens_per_expert, dropped, workspace, stream)
+ * score 0 = softmax, 1 = sigmoid; normalize 1: the k weights sum to 1; cf = capacity_factor (0 =
+ * dropless, else each expert keeps at most ceil(cf * T * topk / E) entries); drop 0 = by position
+ * (earlier tokens keep their slot), 1 = by probability (the highest weights stay); W = world_size
+ * (only checked: E % W == 0). logits [T, E] fp32, bias [E] fp32 or null, topk_ids [T, topk] int32
+ * (-1 = dropped), topk_weights [T, topk] fp32 (0 when dropped), tokens_per_expert [E] int32,
+ * dropped one int64: all device memory, E <= 1024.
+ *
  * Every function returns 0 on success; otherwise nonzero, and ccfuse_last_error() (this thread's
  * last failure) names the argument and the rule it broke.
  */
@@ -86,6 +98,21 @@ int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void
 int ccfuse_grouped_gemm_workspace_bytes(int num_groups, int64_t* bytes);
 int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, int dtype, int b_kn, const void* a,
                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);
+/* Bytes of device workspace ccfuse_moe_route needs for num_tokens tokens: 0 for dropless configs
+ * (capacity_factor 0) and whenever the capacity cannot bind (capacity >= num_tokens); otherwise
+ * the radix sort's buffers, sized by querying CUB on the current device. Checks the arguments as
+ * ccfuse_moe_route does. */
+int ccfuse_moe_route_workspace_bytes(int num_experts, int topk, int score, int normalize, double capacity_factor,
+                                     int drop, int world_size, int64_t num_tokens, int64_t* bytes);
+/* Routes num_tokens tokens on the current device, in stream order (no host sync, no allocation,
+ * CUDA-graph capturable, deterministic): the top-k experts by (score + bias) (ties: the lower
+ * expert id), weighted by the unbiased scores. Every call overwrites tokens_per_expert (per expert,
+ * after drops) and dropped (entries dropped by the capacity); num_tokens == 0 just zeroes them.
+ * workspace: ccfuse_moe_route_workspace_bytes bytes, 256-byte aligned (null when that is 0). The
+ * data are not checked: non-finite logits give unspecified ids, still in [0, E). */
+int ccfuse_moe_route(int num_experts, int topk, int score, int normalize, double capacity_factor, int drop,
+                     int world_size, const float* logits, int64_t num_tokens, const float* bias, int32_t* topk_ids,
+                     float* topk_weights, int32_t* tokens_per_expert, int64_t* dropped, void* workspace, void* stream);
 int ccfuse_finalize(void);
 const char* ccfuse_last_error(void);
 

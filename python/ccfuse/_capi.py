@@ -1,6 +1,6 @@
-"""ctypes binding of ccfuse's C ABI (include/ccfuse/c_api.h, libccfuse_c.so): the fused TP ops and
-the MoE FFN from Python, on device pointers and a CUDA stream handle (no torch dependency here;
-ccfuse.torch_ops wraps it for torch tensors).
+"""ctypes binding of ccfuse's C ABI (include/ccfuse/c_api.h, libccfuse_c.so): the fused TP ops,
+the MoE FFN and the MoE router from Python, on device pointers and a CUDA stream handle (no torch
+dependency here; ccfuse.torch_ops wraps it for torch tensors).
 
     lib = Ccfuse("build/libccfuse_c.so")
     lib.init_from_env()                       # torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*
@@ -15,6 +15,11 @@ ccfuse.torch_ops wraps it for torch tensors).
                                                             # (workspace=: gemm_workspace_bytes(...) bytes)
     ws = lib.grouped_gemm_workspace_bytes(num_groups)       # bytes of device memory for:
     lib.grouped_gemm(num_groups, max_rows, n, k, a, b, c, group_rows, workspace, stream)
+    ws = lib.route_workspace_bytes(experts, topk, tokens, capacity_factor=1.25)  # MoE router, no Team
+    lib.route(experts, topk, logits, tokens, bias, topk_ids, topk_weights, tokens_per_expert, dropped,
+              workspace, stream, capacity_factor=1.25)  # score="softmax" | "sigmoid", normalize=True,
+                                            # drop="position" | "probability"; logits [T, E] fp32, bias [E]
+                                            # or None; ids int32 (-1 = dropped), weights fp32, dropped int64
 
 Errors raise CcfuseError with the library's message (the argument and the rule it broke)."""
 import ctypes
@@ -94,6 +99,9 @@ class Ccfuse:
         d.ccfuse_grouped_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(i64)]
         d.ccfuse_grouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp,
                                           vp, vp]
+        ci, cd = ctypes.c_int, ctypes.c_double
+        d.ccfuse_moe_route_workspace_bytes.argtypes = [ci, ci, ci, ci, cd, ci, ci, i64, ctypes.POINTER(i64)]
+        d.ccfuse_moe_route.argtypes = [ci, ci, ci, ci, cd, ci, ci, vp, i64, vp, vp, vp, vp, vp, vp, vp]
 
     def _check(self, rc):
         if rc != 0:
@@ -152,6 +160,40 @@ class Ccfuse:
         """Per group g, its rows of c = the same rows of a @ b[g]; group_rows: int32 counts on the device."""
         self._check(self._dll.ccfuse_grouped_gemm(num_groups, max_rows, n, k, self._dtype(dtype), 1 if b_kn else 0,
                                                   a, b, c, group_rows, workspace, stream))
+
+    SCORES = {"softmax": 0, "sigmoid": 1}
+    DROPS = {"position": 0, "probability": 1}
+
+    @staticmethod
+    def _code(name, value, table):
+        if value not in table:
+            raise CcfuseError("%s %r must be one of %s" % (name, value, ", ".join(table)))
+        return table[value]
+
+    def _router_args(self, num_experts, topk, score, normalize, capacity_factor, drop, world_size):
+        return (num_experts, topk, self._code("score", score, self.SCORES), 1 if normalize else 0,
+                float(capacity_factor), self._code("drop", drop, self.DROPS), world_size)
+
+    def route_workspace_bytes(self, num_experts, topk, num_tokens, score="softmax", normalize=True,
+                              capacity_factor=0.0, drop="position", world_size=1):
+        """Bytes of device workspace route() needs for num_tokens tokens: 0 when dropless
+        (capacity_factor 0) or when the capacity cannot bind; otherwise sized on the current device."""
+        v = ctypes.c_int64()
+        self._check(self._dll.ccfuse_moe_route_workspace_bytes(
+            *self._router_args(num_experts, topk, score, normalize, capacity_factor, drop, world_size), num_tokens,
+            ctypes.byref(v)))
+        return v.value
+
+    def route(self, num_experts, topk, logits, num_tokens, bias, topk_ids, topk_weights, tokens_per_expert, dropped,
+              workspace, stream, score="softmax", normalize=True, capacity_factor=0.0, drop="position",
+              world_size=1):
+        """The GPU MoE router on device pointers (ints; None for null): logits [T, E] fp32, bias [E] fp32 or
+        None -> topk_ids [T, topk] int32 (-1 = dropped), topk_weights [T, topk] fp32, tokens_per_expert [E]
+        int32 (after drops), dropped (one int64). workspace: route_workspace_bytes() bytes (None when 0).
+        Asynchronous on `stream`; no Team needed."""
+        self._check(self._dll.ccfuse_moe_route(
+            *self._router_args(num_experts, topk, score, normalize, capacity_factor, drop, world_size), logits,
+            num_tokens, bias, topk_ids, topk_weights, tokens_per_expert, dropped, workspace, stream))
 
     def finalize(self):
         self._check(self._dll.ccfuse_finalize())

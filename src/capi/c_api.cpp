@@ -16,6 +16,8 @@
 #include "ccfuse/tp/ag_gemm.h"
 #include "ccfuse/moe/moe_ffn.h"
 #include "ccfuse/moe/moe_tuner.h"
+#include "ccfuse/moe/router.h"
+#include "ccfuse/moe/router_gpu.h"
 #include "ccfuse/tp/gemm_rs.h"
 #include "ccfuse/tp/tuner.h"
 
@@ -67,6 +69,25 @@ ccfuse::DType gemm_dtype(int dtype) {
 ccfuse::gemm::BLayout gemm_b_layout(int b_kn) {
   CCFUSE_ARG_CHECK(b_kn == 0 || b_kn == 1, "b_kn ", b_kn, " must be 0 (B is [n, k]) or 1 (B is [k, n])");
   return b_kn ? ccfuse::gemm::BLayout::kKN : ccfuse::gemm::BLayout::kNK;
+}
+
+// The router's configuration from the C ABI's arguments; the score, normalize and drop codes are
+// checked here, the rest by route_gpu / router_workspace_bytes (moe::validate's messages).
+ccfuse::moe::RouterConfig router_config(int num_experts, int topk, int score, int normalize, double capacity_factor,
+                                        int drop, int world_size) {
+  CCFUSE_ARG_CHECK(score == 0 || score == 1, "score ", score, " must be 0 (softmax) or 1 (sigmoid)");
+  CCFUSE_ARG_CHECK(normalize == 0 || normalize == 1, "normalize ", normalize, " must be 0 or 1");
+  CCFUSE_ARG_CHECK(drop == 0 || drop == 1, "drop ", drop, " must be 0 (by position) or 1 (by probability)");
+  ccfuse::moe::RouterConfig c;
+  c.num_experts = num_experts;
+  c.topk = topk;
+  c.score = score == 0 ? ccfuse::moe::ScoreFn::kSoftmax : ccfuse::moe::ScoreFn::kSigmoid;
+  c.normalize = normalize != 0;
+  c.capacity_factor = capacity_factor;
+  c.drop = drop == 0 ? ccfuse::moe::DropPolicy::kByPosition : ccfuse::moe::DropPolicy::kByProbability;
+  c.jitter_eps = 0;  // the logits come from the caller (jitter belongs to them)
+  c.world_size = world_size;
+  return c;
 }
 
 void check_pointers(std::initializer_list<std::pair<const void*, const char*>> ptrs) {
@@ -298,6 +319,27 @@ int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, 
     check_pointers({{a, "a"}, {b, "b"}, {c, "c"}, {group_rows, "group_rows"}, {workspace, "workspace"}});
     const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms());
     ccfuse::gemm::grouped_run(d, cfg, a, b, c, group_rows, workspace, nullptr, stream);
+  });
+}
+
+int ccfuse_moe_route_workspace_bytes(int num_experts, int topk, int score, int normalize, double capacity_factor,
+                                     int drop, int world_size, int64_t num_tokens, int64_t* bytes) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(bytes != nullptr, "bytes must not be null");
+    const ccfuse::moe::RouterConfig c =
+        router_config(num_experts, topk, score, normalize, capacity_factor, drop, world_size);
+    *bytes = int64_t(ccfuse::moe::router_workspace_bytes(c, num_tokens));
+  });
+}
+
+int ccfuse_moe_route(int num_experts, int topk, int score, int normalize, double capacity_factor, int drop,
+                     int world_size, const float* logits, int64_t num_tokens, const float* bias, int32_t* topk_ids,
+                     float* topk_weights, int32_t* tokens_per_expert, int64_t* dropped, void* workspace, void* stream) {
+  return guarded([&] {
+    const ccfuse::moe::RouterConfig c =
+        router_config(num_experts, topk, score, normalize, capacity_factor, drop, world_size);
+    ccfuse::moe::route_gpu(c, logits, num_tokens, bias, topk_ids, topk_weights, tokens_per_expert, dropped, workspace,
+                           stream);
   });
 }
 

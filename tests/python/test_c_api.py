@@ -79,6 +79,65 @@ class CApi(unittest.TestCase):
         r = self.run_child("print(lib.grouped_gemm_workspace_bytes(8) >= 8 * 4)\n")
         self.assertEqual(r.stdout.strip(), "True", r.stderr)
 
+    def test_router_entry_points(self):
+        # the GPU router needs no Team; RouterConfig's validation (moe::validate, route_gpu's own
+        # limits) comes before any CUDA call. Capacity configs that can bind query CUB for the
+        # workspace size (a CUDA device), so only dropless or non-binding ones succeed here.
+        ws = "lib.route_workspace_bytes"
+        self.expect_error(ws + "(8, 9, 16)", "topk 9 must not exceed num_experts 8")
+        self.expect_error(ws + "(8, 0, 16)", "topk 0 must be at least 1")
+        self.expect_error(ws + "(0, 1, 16)", "num_experts 0 must be at least 1")
+        self.expect_error(ws + "(10, 2, 16, world_size=4)", "num_experts 10 is not divisible by world_size 4")
+        self.expect_error(ws + "(8, 2, 16, world_size=0)", "world_size 0 must be at least 1")
+        self.expect_error(ws + "(8, 2, 16, capacity_factor=-1.0)", "capacity_factor -1 must be >= 0 (0 = dropless)")
+        self.expect_error(ws + "(8, 2, 16, capacity_factor=-0.5, drop='probability')",
+                          "capacity_factor -0.5 must be >= 0 (0 = dropless)")
+        self.expect_error(ws + "(8, 2, 16, capacity_factor=float('nan'))",
+                          "capacity_factor nan must be >= 0 (0 = dropless)")
+        self.expect_error(ws + "(8, 2, 16, capacity_factor=float('inf'))", "capacity_factor inf must be finite")
+        self.expect_error(ws + "(2048, 2, 16)", "num_experts 2048 exceeds the GPU router's limit of 1024")
+        self.expect_error(ws + "(8, 2, -1)", "num_tokens -1 must be >= 0")
+        self.expect_error(ws + "(8, 2, 2**31)", "num_tokens * topk = 2147483648 * 2 exceeds INT32_MAX")
+        # bad strings: the binding's own check, naming the argument and the allowed values
+        self.expect_error(ws + "(8, 2, 16, score='softmx')", "score 'softmx' must be one of softmax, sigmoid")
+        self.expect_error(ws + "(8, 2, 16, drop='capacity')", "drop 'capacity' must be one of position, probability")
+        self.expect_error("lib.route(8, 2, 1, 16, None, 1, 1, 1, 1, None, None, score='relu')",
+                          "score 'relu' must be one of softmax, sigmoid")
+        self.expect_error("lib.route(8, 2, 1, 16, None, 1, 1, 1, 1, None, None, drop=1)",
+                          "drop 1 must be one of position, probability")
+        # bad codes through the raw ABI: the library names the argument and the allowed values
+        raw_ws = ("lib._check(lib._dll.ccfuse_moe_route_workspace_bytes(8, 2, %d, %d, 0.0, %d, 1, 16, "
+                  "ccfuse_ctypes.ctypes.byref(ccfuse_ctypes.ctypes.c_int64())))")
+        self.expect_error(raw_ws % (2, 1, 0), "score 2 must be 0 (softmax) or 1 (sigmoid)")
+        self.expect_error(raw_ws % (0, 2, 0), "normalize 2 must be 0 or 1")
+        self.expect_error(raw_ws % (0, 1, 3), "drop 3 must be 0 (by position) or 1 (by probability)")
+        self.expect_error(raw_ws % (-1, 1, 0), "score -1 must be 0 (softmax) or 1 (sigmoid)")
+        self.expect_error("lib._check(lib._dll.ccfuse_moe_route_workspace_bytes(8, 2, 0, 1, 0.0, 0, 1, 16, None))",
+                          "bytes must not be null")
+        raw_route = ("lib._check(lib._dll.ccfuse_moe_route(8, 2, %d, 1, 0.0, %d, 1, 1, 16, None, 1, 1, 1, 1, None, "
+                     "None))")
+        self.expect_error(raw_route % (2, 0), "score 2 must be 0 (softmax) or 1 (sigmoid)")
+        self.expect_error(raw_route % (1, 2), "drop 2 must be 0 (by position) or 1 (by probability)")
+        # route: the config's errors, then its pointers (dropless: no workspace, no CUDA call yet)
+        route = "lib.route(%s, None, None%s)"
+        self.expect_error(route % ("8, 9, 1, 16, None, 1, 1, 1, 1", ""), "topk 9 must not exceed num_experts 8")
+        self.expect_error(route % ("12, 2, 1, 16, None, 1, 1, 1, 1", ", world_size=8"),
+                          "num_experts 12 is not divisible by world_size 8")
+        self.expect_error(route % ("8, 2, 1, 16, None, 1, 1, 1, 1", ", capacity_factor=-2.0"),
+                          "capacity_factor -2 must be >= 0 (0 = dropless)")
+        self.expect_error(route % ("8, 2, 1, 16, None, 1, 1, 0, 1", ""), "tokens_per_expert must not be null")
+        self.expect_error(route % ("8, 2, 1, 16, None, 1, 1, 1, 0", ""), "dropped must not be null")
+        self.expect_error(route % ("8, 2, 0, 16, None, 1, 1, 1, 1", ""), "logits must not be null")
+        self.expect_error(route % ("8, 2, 1, 16, None, 0, 1, 1, 1", ""), "topk_ids must not be null")
+        self.expect_error(route % ("8, 2, 1, 16, None, 1, 0, 1, 1", ""), "topk_weights must not be null")
+        # workspace sizes that need no device: dropless, a capacity that cannot bind (ceil(100 * 16 *
+        # 2 / 8) >= 16 tokens), no tokens
+        r = self.run_child("print(lib.route_workspace_bytes(8, 2, 1024), lib.route_workspace_bytes(256, 8, 4096, "
+                           "score='sigmoid', normalize=False, world_size=8), "
+                           "lib.route_workspace_bytes(8, 2, 16, capacity_factor=100.0), "
+                           "lib.route_workspace_bytes(8, 2, 0, capacity_factor=1.0, drop='probability'))\n")
+        self.assertEqual(r.stdout.split(), ["0", "0", "0", "0"], r.stderr)
+
     def test_finalize_without_team_is_fine(self):
         r = self.run_child("lib.finalize()\nprint('ok')\n")
         self.assertEqual(r.stdout.strip(), "ok", r.stderr)
