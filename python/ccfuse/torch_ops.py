@@ -49,6 +49,8 @@ def init(lib_path=None):
 def finalize():
     """Frees every cached op and the Team (collective)."""
     global _lib
+    for ffn in list(_moe_ffns.values()):
+        ffn.close()
     for op in _ops.values():
         op.close()
     _ops.clear()
@@ -105,9 +107,16 @@ def _no_overlap(out, **inputs):
 _GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _tp(op, a, b, b_is_weight, out, return_gathered=False):
-    lib = _need_lib()
-    w = lib.world_size()
+# ---- the kernels (no autograd) ------------------------------------------------------------------
+# Each public op below checks its operands, then either runs its kernel here (eager) or, while
+# torch.compile traces, calls the same kernel registered as a torch.library custom op
+# (torch.ops.ccfuse.*, registered at the end of this module), whose fake implementation gives the
+# output's shape from the same checks.
+
+
+def _tp_shape(op, a, b, b_is_weight):
+    """Checks a fused TP op's operands; returns (m, n, k, the output's shape)."""
+    w = _need_lib().world_size()
     _check("a", a, 2, _GEMM_DTYPES)
     _check("b", b, 2, a.dtype)  # b in a's dtype
     rows, k_local = a.shape
@@ -123,10 +132,15 @@ def _tp(op, a, b, b_is_weight, out, return_gathered=False):
     if k_b != k_local:
         raise ValueError("%s: a is [.., %d] but b is %s: its K must be %d" % (
             op, k_local, tuple(b.shape), k_local))
+    return m, n, k, out_shape
+
+
+def _tp_run(op, a, b, b_is_weight, out=None, return_gathered=False):
+    m, n, k, out_shape = _tp_shape(op, a, b, b_is_weight)
     dtype = "bf16" if a.dtype == torch.bfloat16 else "fp16"
     key = (op, m, n, k, not b_is_weight, dtype)
     if key not in _ops:
-        _ops[key] = lib.tp_create(op, m, n, k, b_kn=not b_is_weight, dtype=dtype)
+        _ops[key] = _lib.tp_create(op, m, n, k, b_kn=not b_is_weight, dtype=dtype)
     c = _out("out", out, out_shape, a)
     _no_overlap(c, a=a, b=b)
     _ops[key].run(a.data_ptr(), b.data_ptr(), c.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream)
@@ -148,154 +162,6 @@ def _device_view(ptr, shape, like):
     return torch.as_tensor(_CudaArray(ptr, shape), device=like.device).view(like.dtype)
 
 
-def ag_gemm(a, b, out=None, b_is_weight=False, return_gathered=False):
-    """AllGather(a) @ b: a = this rank's rows [M/W, K], b [K, N] (or [N, K] with b_is_weight) -> [M, N].
-
-    return_gathered=True returns (c, gathered): gathered is AllGather(a) [M, K], a view of the op's
-    own buffer (no copy) that holds these rows until the next ag_gemm call of the same shape on
-    this rank: use it (e.g. for the weight gradient) on this stream before that call, or clone it.
-    """
-    return _tp("ag_gemm", a, b, b_is_weight, out, return_gathered)
-
-
-def gemm_rs(a, b, out=None, b_is_weight=False):
-    """ReduceScatter_rows(a @ b): a [M, K/W] (this rank's K slice), b [K/W, N] -> this rank's rows [M/W, N]."""
-    return _tp("gemm_rs", a, b, b_is_weight, out)
-
-
-def gemm_ar(a, b, out=None, b_is_weight=False):
-    """AllReduce(a @ b) split along M: a [M, K/W], b [K/W, N] -> [M, N]."""
-    return _tp("gemm_ar", a, b, b_is_weight, out)
-
-
-# ---- Megatron's tensor-parallel linears with autograd ----------------------------------------
-# Weights are the layers' own torch Linear weights, sharded as Megatron shards them: a column-
-# parallel layer holds weight [N/W, H] (its output features), a row-parallel one weight [H, K/W]
-# (its input features). A bias is added by torch after the fused op (a column-parallel one is this
-# rank's shard, a row-parallel one the whole row, after the reduction). Each backward runs the
-# fused op that the forward's communication transposes into: AllGather <-> ReduceScatter,
-# AllReduce <-> nothing.
-
-
-class _ColumnParallelSP(torch.autograd.Function):
-    """y [S, N/W] = AllGather_rows(x) @ weight.T, x [S/W, H] (this rank's sequence shard)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, save_gathered):
-        ctx.save_gathered = bool(save_gathered and ctx.needs_input_grad[1])
-        if ctx.save_gathered:  # the gathered x for the weight gradient: a copy of the op's buffer
-            y, total = ag_gemm(x, weight, b_is_weight=True, return_gathered=True)
-            ctx.save_for_backward(total.clone(), weight)
-        else:  # gathered again in backward (Megatron's default: less memory, one more all-gather)
-            y = ag_gemm(x, weight, b_is_weight=True)
-            ctx.save_for_backward(x, weight)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        saved, weight = ctx.saved_tensors
-        gy = gy.contiguous()
-        gx = gw = None
-        if ctx.needs_input_grad[0]:
-            gx = gemm_rs(gy, weight)  # ReduceScatter_rows(gy [S, N/W] @ weight [N/W, H]) -> [S/W, H]
-        if ctx.needs_input_grad[1]:
-            total = saved if ctx.save_gathered else _all_gather_rows(saved)
-            gw = gy.t().matmul(total)  # [N/W, S] @ [S, H]
-        return gx, gw, None
-
-
-class _ColumnParallel(torch.autograd.Function):
-    """y [S, N/W] = x @ weight.T, x [S, H] the same on every rank; its gradient is all-reduced."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.save_for_backward(x, weight)
-        return mm(x, weight, b_is_weight=True)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
-        gy = gy.contiguous()
-        gx = gemm_ar(gy, weight) if ctx.needs_input_grad[0] else None  # AllReduce(gy @ weight) [S, H]
-        gw = gy.t().matmul(x) if ctx.needs_input_grad[1] else None
-        return gx, gw
-
-
-class _RowParallelSP(torch.autograd.Function):
-    """y [S/W, H] = ReduceScatter_rows(x @ weight.T), x [S, K/W], weight [H, K/W]."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.save_for_backward(x, weight)
-        return gemm_rs(x, weight, b_is_weight=True)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
-        # AllGather_rows(gy) @ weight [H, K/W] -> [S, K/W]; the gathered gy [S, H] is read at once
-        # for the weight gradient (before any later call of this op can overwrite it).
-        gx, total = ag_gemm(gy.contiguous(), weight, return_gathered=True)
-        gw = total.t().matmul(x) if ctx.needs_input_grad[1] else None  # [H, S] @ [S, K/W]
-        return (gx if ctx.needs_input_grad[0] else None), gw
-
-
-class _RowParallel(torch.autograd.Function):
-    """y [S, H] = AllReduce(x @ weight.T), x [S, K/W], weight [H, K/W]."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.save_for_backward(x, weight)
-        return gemm_ar(x, weight, b_is_weight=True)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
-        gy = gy.contiguous()
-        gx = mm(gy, weight) if ctx.needs_input_grad[0] else None  # [S, H] @ [H, K/W], no communication
-        gw = gy.t().matmul(x) if ctx.needs_input_grad[1] else None
-        return gx, gw
-
-
-def _all_gather_rows(x):
-    """AllGather_rows(x) over torch.distributed's default group (the ranks of ccfuse's Team)."""
-    import torch.distributed as dist
-    total = torch.empty((x.shape[0] * dist.get_world_size(), x.shape[1]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(total, x.contiguous())
-    return total
-
-
-def column_parallel_linear(x, weight, bias=None, sequence_parallel=True, save_gathered=False):
-    """Megatron's ColumnParallelLinear with autograd; weight [N/W, H], bias [N/W] -> y [S, N/W].
-
-    sequence_parallel: x is this rank's shard [S/W, H]; forward ag_gemm, backward gemm_rs for x's
-    gradient and, for the weight's, the gathered x: saved from the forward (save_gathered=True, a
-    copy of S x H per layer) or gathered again by torch.distributed (default, as Megatron does).
-    Otherwise x [S, H] is replicated: forward a local GEMM, backward gemm_ar. The bias (this rank's
-    shard) is added after the GEMM by torch, which also gives its gradient.
-    """
-    if sequence_parallel:
-        y = _ColumnParallelSP.apply(x, weight, save_gathered)
-    else:
-        y = _ColumnParallel.apply(x, weight)
-    return y if bias is None else y + bias
-
-
-def row_parallel_linear(x, weight, bias=None, sequence_parallel=True):
-    """Megatron's RowParallelLinear with autograd; x [S, K/W], weight [H, K/W], bias [H].
-
-    sequence_parallel: y = this rank's rows [S/W, H] (forward gemm_rs, backward ag_gemm with its
-    gathered gradient for the weight's); otherwise y [S, H] (forward gemm_ar, backward local GEMMs).
-    The bias, the same on every rank, is added after the reduction by torch. With sequence
-    parallelism its gradient on a rank covers that rank's rows only: sum it over the TP group
-    before the optimizer step, as Megatron does for its sequence-parallel parameters.
-    """
-    if sequence_parallel:
-        y = _RowParallelSP.apply(x, weight)
-    else:
-        y = _RowParallel.apply(x, weight)
-    return y if bias is None else y + bias
-
-
 def _same_device(a, **others):
     for name, t in others.items():
         if t.device != a.device:
@@ -309,13 +175,17 @@ def _gemm_dtype(a, b, b_ndim):
     return "bf16" if a.dtype == torch.bfloat16 else "fp16"
 
 
-def mm(a, b, out=None, b_is_weight=False):
-    """a [M, K] @ b [K, N] (or b [N, K], a Linear weight, with b_is_weight) -> [M, N] on one GPU."""
+def _mm_shape(a, b, b_is_weight):
     dtype = _gemm_dtype(a, b, 2)
     m, k = a.shape
     k_b, n = (b.shape[1], b.shape[0]) if b_is_weight else (b.shape[0], b.shape[1])
     if k_b != k:
         raise ValueError("mm: a is %s but b is %s: its K must be %d" % (tuple(a.shape), tuple(b.shape), k))
+    return m, n, k, dtype
+
+
+def _mm_run(a, b, b_is_weight, out=None):
+    m, n, k, dtype = _mm_shape(a, b, b_is_weight)
     c = _out("out", out, (m, n), a)
     _no_overlap(c, a=a, b=b)
     lib = _gemm_lib()
@@ -331,14 +201,7 @@ def mm(a, b, out=None, b_is_weight=False):
     return c
 
 
-def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
-    """MoE experts on one GPU: rows [off_g, off_g + group_rows[g]) of the result = the same rows of a @ b[g].
-
-    a [R, K] (rows sorted by group); b [G, K, N], or [G, N, K] (Linear weights) with b_is_weight;
-    group_rows: int32 [G] on the GPU (read there: no host sync, capturable in a CUDA graph), off_g
-    its prefix sum (from torch._grouped_mm's offs: torch.diff(offs, prepend=offs.new_zeros(1))).
-    Returns [R, N]; rows past sum(group_rows) are not written, rows past R are dropped.
-    """
+def _grouped_shape(a, b, group_rows, b_is_weight):
     dtype = _gemm_dtype(a, b, 3)
     _check("group_rows", group_rows, 1, torch.int32)
     _same_device(a, group_rows=group_rows)
@@ -349,6 +212,11 @@ def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
         raise ValueError("grouped_mm: a is %s but b is %s: its K must be %d" % (tuple(a.shape), tuple(b.shape), k))
     if group_rows.shape[0] != g:
         raise ValueError("group_rows must have one count per group of b (%d), got %d" % (g, group_rows.shape[0]))
+    return g, rows, n, k, dtype
+
+
+def _grouped_run(a, b, group_rows, b_is_weight, out=None):
+    g, rows, n, k, dtype = _grouped_shape(a, b, group_rows, b_is_weight)
     c = _out("out", out, (rows, n), a)
     _no_overlap(c, a=a, b=b)
     lib = _gemm_lib()
@@ -358,6 +226,300 @@ def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
     return c
 
 
+_EAGER = {
+    "ag_gemm": lambda a, b, bw, out=None: _tp_run("ag_gemm", a, b, bw, out),
+    "ag_gemm_gathered": lambda a, b, bw, out=None: _tp_run("ag_gemm", a, b, bw, out, return_gathered=True),
+    "gemm_rs": lambda a, b, bw, out=None: _tp_run("gemm_rs", a, b, bw, out),
+    "gemm_ar": lambda a, b, bw, out=None: _tp_run("gemm_ar", a, b, bw, out),
+    "mm": _mm_run,
+    "grouped_mm": _grouped_run,
+}
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def _kernel(name, *args, out=None):
+    """Runs op `name` without autograd: eagerly, or as torch.ops.ccfuse.<name> while torch.compile
+    traces (a functional op: its result is copied into out when one is given)."""
+    if not _compiling():
+        return _EAGER[name](*args, out=out)
+    r = getattr(torch.ops.ccfuse, name)(*args)
+    if out is None:
+        return r
+    if isinstance(r, tuple):
+        out.copy_(r[0])
+        return (out,) + tuple(r[1:])
+    out.copy_(r)
+    return out
+
+
+# ---- autograd ------------------------------------------------------------------------------------
+# The gradients follow Megatron's conventions: b is this rank's shard of a weight (ag_gemm: its
+# output columns; gemm_rs / gemm_ar: its input rows), and the gradient of an output that is the
+# same on every rank (gemm_ar's) is the same on every rank. Each backward runs the fused op that
+# the forward's communication transposes into: AllGather <-> ReduceScatter, AllReduce <-> nothing.
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+def _no_out_with_grad(out):
+    if out is not None:
+        raise ValueError("out= is not supported when an input requires grad (autograd needs a fresh output)")
+
+
+def _wgrad(a, g, b_is_weight):
+    """The gradient of b in c = a @ b (b [K, N]) or c = a @ b.T (b_is_weight, b [N, K]); a [M, K], g [M, N]."""
+    return g.t().matmul(a) if b_is_weight else a.t().matmul(g)
+
+
+class _AgGemmFn(torch.autograd.Function):
+    """c [M, N] = AllGather_rows(a) @ b, a [M/W, K]; backward gemm_rs for a, the gathered a for b."""
+
+    @staticmethod
+    def forward(ctx, a, b, b_is_weight, save_gathered, return_gathered):
+        ctx.b_is_weight = b_is_weight
+        ctx.save_gathered = bool(save_gathered and ctx.needs_input_grad[1])
+        total = None
+        if ctx.save_gathered or return_gathered:
+            c, total = _kernel("ag_gemm_gathered", a, b, b_is_weight)
+        else:
+            c = _kernel("ag_gemm", a, b, b_is_weight)
+        if ctx.save_gathered:  # for b's gradient: a copy of the op's buffer (valid until its next call)
+            ctx.save_for_backward(total.clone(), b)
+        else:  # gathered again in backward (Megatron's default: less memory, one more all-gather)
+            ctx.save_for_backward(a, b)
+        if return_gathered:
+            ctx.mark_non_differentiable(total)
+            return c, total
+        return c
+
+    @staticmethod
+    def backward(ctx, gc, *unused):
+        saved, b = ctx.saved_tensors
+        gc = gc.contiguous()
+        # ReduceScatter_rows(gc @ b.T) [M/W, K] (b.T taken by flipping b_is_weight)
+        ga = _kernel("gemm_rs", gc, b, not ctx.b_is_weight) if ctx.needs_input_grad[0] else None
+        gb = None
+        if ctx.needs_input_grad[1]:
+            total = saved if ctx.save_gathered else _all_gather_rows(saved)
+            gb = _wgrad(total, gc, ctx.b_is_weight)
+        return ga, gb, None, None, None
+
+
+class _GemmRsFn(torch.autograd.Function):
+    """c [M/W, N] = ReduceScatter_rows(a @ b), a [M, K/W]; backward ag_gemm (its gathered gc for b)."""
+
+    @staticmethod
+    def forward(ctx, a, b, b_is_weight):
+        ctx.b_is_weight = b_is_weight
+        ctx.save_for_backward(a, b)
+        return _kernel("gemm_rs", a, b, b_is_weight)
+
+    @staticmethod
+    def backward(ctx, gc):
+        a, b = ctx.saved_tensors
+        gc = gc.contiguous()
+        if not ctx.needs_input_grad[1]:
+            return _kernel("ag_gemm", gc, b, not ctx.b_is_weight), None, None
+        # AllGather_rows(gc) @ b.T [M, K/W]; the gathered gc [M, N] is read at once for b's gradient
+        # (before any later call of this op can overwrite it).
+        ga, total = _kernel("ag_gemm_gathered", gc, b, not ctx.b_is_weight)
+        return (ga if ctx.needs_input_grad[0] else None), _wgrad(a, total, ctx.b_is_weight), None
+
+
+class _DenseFn(torch.autograd.Function):
+    """c = op(a @ b) with op "mm" (local) or "gemm_ar" (AllReduce); a's gradient by op `backward_op`
+    ("mm", or "gemm_ar" where a was replicated and c is this rank's column shard)."""
+
+    @staticmethod
+    def forward(ctx, a, b, op, backward_op, b_is_weight):
+        ctx.b_is_weight, ctx.backward_op = b_is_weight, backward_op
+        ctx.save_for_backward(a, b)
+        return _kernel(op, a, b, b_is_weight)
+
+    @staticmethod
+    def backward(ctx, gc):
+        a, b = ctx.saved_tensors
+        gc = gc.contiguous()
+        ga = _kernel(ctx.backward_op, gc, b, not ctx.b_is_weight) if ctx.needs_input_grad[0] else None
+        gb = _wgrad(a, gc, ctx.b_is_weight) if ctx.needs_input_grad[1] else None
+        return ga, gb, None, None, None
+
+
+def _all_gather_rows(x):
+    """AllGather_rows(x) over torch.distributed's default group (the ranks of ccfuse's Team)."""
+    import torch.distributed as dist
+    total = torch.empty((x.shape[0] * dist.get_world_size(), x.shape[1]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(total, x.contiguous())
+    return total
+
+
+# ---- the public ops --------------------------------------------------------------------------------
+
+
+def ag_gemm(a, b, out=None, b_is_weight=False, return_gathered=False):
+    """AllGather(a) @ b: a = this rank's rows [M/W, K], b [K, N] (or [N, K] with b_is_weight) -> [M, N].
+
+    return_gathered=True returns (c, gathered): gathered is AllGather(a) [M, K], a view of the op's
+    own buffer (no copy) that holds these rows until the next ag_gemm call of the same shape on
+    this rank: use it (e.g. for the weight gradient) on this stream before that call, or clone it.
+    (Under torch.compile it is a copy.) With autograd, b's gradient gathers a again (as
+    column_parallel_linear's default does).
+    """
+    if _needs_grad(a, b):
+        _no_out_with_grad(out)
+        return _AgGemmFn.apply(a, b, b_is_weight, False, return_gathered)
+    return _kernel("ag_gemm_gathered" if return_gathered else "ag_gemm", a, b, b_is_weight, out=out)
+
+
+def gemm_rs(a, b, out=None, b_is_weight=False):
+    """ReduceScatter_rows(a @ b): a [M, K/W] (this rank's K slice), b [K/W, N] -> this rank's rows [M/W, N]."""
+    if _needs_grad(a, b):
+        _no_out_with_grad(out)
+        return _GemmRsFn.apply(a, b, b_is_weight)
+    return _kernel("gemm_rs", a, b, b_is_weight, out=out)
+
+
+def gemm_ar(a, b, out=None, b_is_weight=False):
+    """AllReduce(a @ b) split along M: a [M, K/W], b [K/W, N] -> [M, N]."""
+    if _needs_grad(a, b):
+        _no_out_with_grad(out)
+        return _DenseFn.apply(a, b, "gemm_ar", "mm", b_is_weight)
+    return _kernel("gemm_ar", a, b, b_is_weight, out=out)
+
+
+def mm(a, b, out=None, b_is_weight=False):
+    """a [M, K] @ b [K, N] (or b [N, K], a Linear weight, with b_is_weight) -> [M, N] on one GPU."""
+    if _needs_grad(a, b):
+        _no_out_with_grad(out)
+        return _DenseFn.apply(a, b, "mm", "mm", b_is_weight)
+    return _kernel("mm", a, b, b_is_weight, out=out)
+
+
+def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
+    """MoE experts on one GPU: rows [off_g, off_g + group_rows[g]) of the result = the same rows of a @ b[g].
+
+    a [R, K] (rows sorted by group); b [G, K, N], or [G, N, K] (Linear weights) with b_is_weight;
+    group_rows: int32 [G] on the GPU (read there: no host sync, capturable in a CUDA graph), off_g
+    its prefix sum (from torch._grouped_mm's offs: torch.diff(offs, prepend=offs.new_zeros(1))).
+    Returns [R, N]; rows past sum(group_rows) are not written, rows past R are dropped.
+    No autograd yet: inputs that require grad raise ValueError (docs/integration.md).
+    """
+    if _needs_grad(a, b):
+        raise ValueError("grouped_mm has no backward yet: call it under torch.no_grad() or on detached inputs")
+    return _kernel("grouped_mm", a, b, group_rows, b_is_weight, out=out)
+
+
+# ---- the MoE router ----------------------------------------------------------------------------
+_route_ws_bytes = {}  # route: workspace bytes per (config, tokens, device)
+
+
+def _route_shape(logits, topk, bias):
+    _check("logits", logits, 2, torch.float32)
+    t, e = logits.shape
+    if bias is not None:
+        _check("bias", bias, 1, torch.float32)
+        _same_device(logits, bias=bias)
+        if bias.shape[0] != e:
+            raise ValueError("bias must have one value per expert (%d), got %d" % (e, bias.shape[0]))
+    return t, e
+
+
+def _route_run(logits, bias, topk, score, normalize, capacity_factor, drop):
+    t, e = _route_shape(logits, topk, bias)
+    lib = _gemm_lib()
+    world = _lib.world_size() if _lib is not None else 1  # experts must split over the ranks
+    cfg = (e, topk, score, normalize, float(capacity_factor), drop, world)
+    key = cfg + (t, logits.device.index)
+    ws_bytes = _route_ws_bytes.get(key)
+    if ws_bytes is None:
+        ws_bytes = _route_ws_bytes[key] = lib.route_workspace_bytes(
+            e, topk, t, score=score, normalize=normalize, capacity_factor=capacity_factor, drop=drop,
+            world_size=world)
+    ws = torch.empty((ws_bytes,), dtype=torch.uint8, device=logits.device) if ws_bytes > 0 else None
+    dev = logits.device
+    ids = torch.empty((t, topk), dtype=torch.int32, device=dev)
+    weights = torch.empty((t, topk), dtype=torch.float32, device=dev)
+    counts = torch.empty((e,), dtype=torch.int32, device=dev)
+    dropped = torch.empty((1,), dtype=torch.int64, device=dev)
+    lib.route(e, topk, logits.data_ptr(), t, bias.data_ptr() if bias is not None else None, ids.data_ptr(),
+              weights.data_ptr(), counts.data_ptr(), dropped.data_ptr(), ws.data_ptr() if ws is not None else None,
+              torch.cuda.current_stream(dev).cuda_stream, score=score, normalize=normalize,
+              capacity_factor=capacity_factor, drop=drop, world_size=world)
+    return ids, weights, counts, dropped
+
+
+def route(logits, topk, bias=None, score="softmax", normalize=True, capacity_factor=0.0, drop="position"):
+    """ccfuse's GPU MoE router: logits [T, E] fp32 (this rank's tokens) -> (topk_ids [T, k] int32,
+    topk_w [T, k] fp32, tokens_per_expert [E] int32, dropped [1] int64), all on the GPU (no host sync,
+    CUDA-graph capturable), ready for MoeFfn.
+
+    score "softmax" | "sigmoid"; top-k by score + bias (bias [E] fp32: load-aware balancing, it
+    only steers the choice; see update_router_bias); the weights are the chosen unbiased scores,
+    normalised to sum 1 when normalize; capacity_factor > 0 keeps at most
+    ceil(capacity_factor * T * k / E) entries per expert (drop "position": earlier tokens first,
+    "probability": the highest weights), a dropped entry has id -1 and weight 0 (the others are not
+    renormalised); 0 = dropless. Ties go to the lower expert id (as the CPU reference). The ids and
+    weights carry no gradient: for the router's gradient gather the differentiable scores at the
+    ids in torch (docs/integration.md).
+    """
+    if not _compiling():
+        return _route_run(logits, bias, topk, score, normalize, capacity_factor, drop)
+    return torch.ops.ccfuse.route(logits, bias, topk, score, normalize, float(capacity_factor), drop)
+
+
+def update_router_bias(bias, tokens_per_expert, rate):
+    """Aux-loss-free balancing, in place: bias[e] += rate * sign(mean load - load[e]) (overloaded
+    experts become less likely, underloaded ones more), as ccfuse::moe::update_bias."""
+    load = tokens_per_expert.float()
+    bias.add_(torch.sign(load.mean() - load), alpha=rate)
+    return bias
+
+
+# ---- Megatron's tensor-parallel linears with autograd ----------------------------------------
+# Weights are the layers' own torch Linear weights, sharded as Megatron shards them: a column-
+# parallel layer holds weight [N/W, H] (its output features), a row-parallel one weight [H, K/W]
+# (its input features). A bias is added by torch after the fused op (a column-parallel one is this
+# rank's shard, a row-parallel one the whole row, after the reduction).
+
+
+def column_parallel_linear(x, weight, bias=None, sequence_parallel=True, save_gathered=False):
+    """Megatron's ColumnParallelLinear with autograd; weight [N/W, H], bias [N/W] -> y [S, N/W].
+
+    sequence_parallel: x is this rank's shard [S/W, H]; forward ag_gemm, backward gemm_rs for x's
+    gradient and, for the weight's, the gathered x: saved from the forward (save_gathered=True, a
+    copy of S x H per layer) or gathered again by torch.distributed (default, as Megatron does).
+    Otherwise x [S, H] is replicated: forward a local GEMM, backward gemm_ar. The bias (this rank's
+    shard) is added after the GEMM by torch, which also gives its gradient.
+    """
+    if sequence_parallel:
+        y = _AgGemmFn.apply(x, weight, True, save_gathered, False)
+    else:
+        y = _DenseFn.apply(x, weight, "mm", "gemm_ar", True)
+    return y if bias is None else y + bias
+
+
+def row_parallel_linear(x, weight, bias=None, sequence_parallel=True):
+    """Megatron's RowParallelLinear with autograd; x [S, K/W], weight [H, K/W], bias [H].
+
+    sequence_parallel: y = this rank's rows [S/W, H] (forward gemm_rs, backward ag_gemm with its
+    gathered gradient for the weight's); otherwise y [S, H] (forward gemm_ar, backward local GEMMs).
+    The bias, the same on every rank, is added after the reduction by torch. With sequence
+    parallelism its gradient on a rank covers that rank's rows only: sum it over the TP group
+    before the optimizer step, as Megatron does for its sequence-parallel parameters.
+    """
+    if sequence_parallel:
+        y = _GemmRsFn.apply(x, weight, True)
+    else:
+        y = _DenseFn.apply(x, weight, "gemm_ar", "mm", True)
+    return y if bias is None else y + bias
+
+
 class MoeFfn:
     """The expert-parallel SwiGLU MoE FFN over this rank's experts (E / W of them, contiguous).
 
@@ -365,6 +527,7 @@ class MoeFfn:
     [E/W, H, F]. W1 is permuted once into ccfuse's SwiGLU tile order here. imbalance: the routing
     skew hint for the MoE tuner (most rows a rank receives / the mean; 0 = unknown).
     __call__(x [T, H] bf16, topk_ids [T, k] int32 (-1 = dropped), topk_w [T, k] float32) -> [T, H].
+    No autograd yet: inputs that require grad raise ValueError (docs/integration.md).
     """
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0):
@@ -385,11 +548,15 @@ class MoeFfn:
         self.hidden, self.topk, self.max_tokens = h, topk, max_tokens
         self._ffn = lib.moe_ffn_create(max_tokens, h, f, num_experts, topk, swiglu=True, b_kn=False,
                                        imbalance=imbalance)
+        # torch.ops.ccfuse.moe_ffn finds this layer by its number (a custom op takes no objects)
+        self._handle = _next_moe_handle[0]
+        _next_moe_handle[0] += 1
+        _moe_ffns[self._handle] = self
 
     def describe(self):
         return self._ffn.describe()
 
-    def __call__(self, x, topk_ids, topk_w, out=None):
+    def _checked(self, x, topk_ids, topk_w):
         _check("x", x, 2)
         _check("topk_ids", topk_ids, 2, torch.int32)
         _check("topk_w", topk_w, 2, torch.float32)
@@ -401,10 +568,114 @@ class MoeFfn:
                 t, self.topk, tuple(topk_ids.shape), tuple(topk_w.shape)))
         if t > self.max_tokens:
             raise ValueError("x has %d tokens, more than max_tokens %d" % (t, self.max_tokens))
+        return t
+
+    def _run(self, x, topk_ids, topk_w, out=None):
+        t = self._checked(x, topk_ids, topk_w)
+        if self._ffn is None:
+            raise ValueError("this MoeFfn was closed")
         y = _out("out", out, (t, self.hidden), x)
         self._ffn.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), self.w1.data_ptr(),
                       self.w2.data_ptr(), y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
         return y
 
+    def __call__(self, x, topk_ids, topk_w, out=None):
+        if _needs_grad(x, topk_w, self.w1, self.w2):
+            raise ValueError("MoeFfn has no backward yet: call it under torch.no_grad() or on detached inputs")
+        if not _compiling():
+            return self._run(x, topk_ids, topk_w, out)
+        y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, self._handle)
+        if out is None:
+            return y
+        out.copy_(y)
+        return out
+
     def close(self):
-        self._ffn.close()
+        _moe_ffns.pop(self._handle, None)
+        if self._ffn is not None:
+            self._ffn.close()
+            self._ffn = None
+
+
+_moe_ffns = {}  # handle -> MoeFfn, for torch.ops.ccfuse.moe_ffn
+_next_moe_handle = [1]
+
+
+# ---- torch.library: the kernels as custom ops, so that torch.compile graphs keep them -----------
+# Functional ops (fresh outputs, no aliasing of inputs): what _kernel calls while torch.compile
+# traces. Their fake implementations run the same checks and give the output's shape. Autograd
+# stays with the Functions above (dynamo traces them, with these ops inside). ag_gemm_gathered
+# returns a copy of the gathered rows (a custom op's outputs must be fresh memory).
+
+
+def _register_custom_ops():
+    library = getattr(torch, "library", None)
+    if library is None or not hasattr(library, "custom_op"):
+        return False  # torch < 2.4 (or the CPU tests' stand-in): eager only
+    from typing import Optional, Tuple
+    Tensor = torch.Tensor
+
+    def tp_op(op):
+        @library.custom_op("ccfuse::" + op, mutates_args=())
+        def run(a: Tensor, b: Tensor, b_is_weight: bool) -> Tensor:
+            return _tp_run(op, a, b, b_is_weight)
+
+        @run.register_fake
+        def _(a, b, b_is_weight):
+            return a.new_empty(_tp_shape(op, a, b, b_is_weight)[3])
+    for op in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        tp_op(op)
+
+    @library.custom_op("ccfuse::ag_gemm_gathered", mutates_args=())
+    def ag_gemm_gathered(a: Tensor, b: Tensor, b_is_weight: bool) -> Tuple[Tensor, Tensor]:
+        c, total = _tp_run("ag_gemm", a, b, b_is_weight, return_gathered=True)
+        return c, total.clone()
+
+    @ag_gemm_gathered.register_fake
+    def _(a, b, b_is_weight):
+        m, n, k, out_shape = _tp_shape("ag_gemm", a, b, b_is_weight)
+        return a.new_empty(out_shape), a.new_empty((m, k))
+
+    @library.custom_op("ccfuse::mm", mutates_args=())
+    def mm_op(a: Tensor, b: Tensor, b_is_weight: bool) -> Tensor:
+        return _mm_run(a, b, b_is_weight)
+
+    @mm_op.register_fake
+    def _(a, b, b_is_weight):
+        m, n, _k, _dtype = _mm_shape(a, b, b_is_weight)
+        return a.new_empty((m, n))
+
+    @library.custom_op("ccfuse::grouped_mm", mutates_args=())
+    def grouped_mm_op(a: Tensor, b: Tensor, group_rows: Tensor, b_is_weight: bool) -> Tensor:
+        return _grouped_run(a, b, group_rows, b_is_weight)
+
+    @grouped_mm_op.register_fake
+    def _(a, b, group_rows, b_is_weight):
+        _g, rows, n, _k, _dtype = _grouped_shape(a, b, group_rows, b_is_weight)
+        return a.new_empty((rows, n))
+
+    @library.custom_op("ccfuse::route", mutates_args=())
+    def route_op(logits: Tensor, bias: Optional[Tensor], topk: int, score: str, normalize: bool,
+                 capacity_factor: float, drop: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return _route_run(logits, bias, topk, score, normalize, capacity_factor, drop)
+
+    @route_op.register_fake
+    def _(logits, bias, topk, score, normalize, capacity_factor, drop):
+        t, e = _route_shape(logits, topk, bias)
+        return (logits.new_empty((t, topk), dtype=torch.int32), logits.new_empty((t, topk)),
+                logits.new_empty((e,), dtype=torch.int32), logits.new_empty((1,), dtype=torch.int64))
+
+    @library.custom_op("ccfuse::moe_ffn", mutates_args=())
+    def moe_ffn_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, handle: int) -> Tensor:
+        return _moe_ffns[handle]._run(x, topk_ids, topk_w)
+
+    @moe_ffn_op.register_fake
+    def _(x, topk_ids, topk_w, handle):
+        ffn = _moe_ffns.get(handle)
+        if ffn is None:
+            raise ValueError("no MoeFfn with handle %d (closed?)" % handle)
+        return x.new_empty((ffn._checked(x, topk_ids, topk_w), ffn.hidden))
+    return True
+
+
+custom_ops_registered = _register_custom_ops()

@@ -25,6 +25,7 @@ class FakeDevice:
 
 class FakeTensor:
     _next = [1 << 20]
+    requires_grad = None  # unset: the ops run no autograd, FakeFunction treats it as needing a gradient
 
     def __init__(self, shape, dtype, device="cuda", contiguous=True):
         self.shape, self.dtype, self.device, self._contig = tuple(shape), dtype, FakeDevice(device), contiguous
@@ -86,28 +87,32 @@ class FakeCtx:
     def save_for_backward(self, *tensors):
         self.saved_tensors = tensors
 
+    def mark_non_differentiable(self, *tensors):
+        self.non_differentiable = tensors
+
 
 class FakeFunction:
     """torch.autograd.Function's apply: forward with a context; the output keeps it for backward."""
 
     @classmethod
     def apply(cls, *args):
-        ctx = FakeCtx(tuple(isinstance(a, FakeTensor) for a in args))
+        ctx = FakeCtx(tuple(isinstance(a, FakeTensor) and a.requires_grad is not False for a in args))
         out = cls.forward(ctx, *args)
-        out.grad_fn = (cls, ctx)
+        (out[0] if isinstance(out, tuple) else out).grad_fn = (cls, ctx)
         return out
 
 
 def fake_torch():
     t = types.ModuleType("torch")
     t.Tensor = FakeTensor
-    t.bfloat16, t.float32, t.int32, t.long = "bfloat16", "float32", "int32", "int64"
+    t.bfloat16, t.float32, t.int32, t.long, t.int64 = "bfloat16", "float32", "int32", "int64", "int64"
     t.float16, t.uint8 = "float16", "uint8"
     t.empty = lambda shape, dtype=None, device=None: FakeTensor(shape, dtype)
     t.tensor = lambda data, dtype=None, device=None: FakeTensor((len(data),), dtype)
     stream = types.SimpleNamespace(cuda_stream=1234)
     t.cuda = types.SimpleNamespace(current_stream=lambda device=None: stream)
     t.autograd = types.SimpleNamespace(Function=FakeFunction)
+    t.is_grad_enabled = lambda: True
 
     def as_tensor(obj, device=None):
         cai = obj.__cuda_array_interface__
@@ -166,6 +171,13 @@ class FakeLib:
 
     def gemm(self, *args, **kw):
         self.log.append(("gemm",) + args + tuple(sorted(kw.items())))
+
+    def route_workspace_bytes(self, e, k, t, **kw):
+        self.log.append(("route_ws", e, k, t) + tuple(sorted(kw.items())))
+        return 512 if kw.get("capacity_factor") else 0
+
+    def route(self, *args, **kw):
+        self.log.append(("route",) + args + tuple(sorted(kw.items())))
 
     def grouped_gemm_workspace_bytes(self, g):
         return 16 * g + 32
@@ -262,7 +274,7 @@ class TorchOps(unittest.TestCase):
         y = cf.column_parallel_linear(x, w_col)  # sequence parallel: ag_gemm forward
         self.assertEqual(y.shape, (1024, 1024))
         self.assertEqual(log[0], ("create", "ag_gemm", 1024, 1024, 512, False, "bf16"))
-        gx, gw, _ = self.backward(y, self.bf16(1024, 1024))
+        gx, gw = self.backward(y, self.bf16(1024, 1024))[:2]
         self.assertEqual((gx.shape, gw.shape), ((512, 512), (1024, 512)))  # x's and weight's shapes
         self.assertEqual(log[2], ("create", "gemm_rs", 1024, 512, 2048, True, "bf16"))  # gy @ weight, K = N
         self.assertEqual(torch.gathers, [((1024, 512), (512, 512))])  # x gathered again for the weight
@@ -275,7 +287,7 @@ class TorchOps(unittest.TestCase):
         z = cf.row_parallel_linear(y, w_row)  # y [S, N/W] -> [S/W, H] by gemm_rs
         self.assertEqual(z.shape, (512, 512))
         self.assertEqual(log[-1][0:2], ("run", ("gemm_rs", 1024, 512, 2048)))
-        gy, gw = self.backward(z, self.bf16(512, 512))
+        gy, gw = self.backward(z, self.bf16(512, 512))[:2]
         self.assertEqual((gy.shape, gw.shape), ((1024, 1024), (512, 1024)))
         self.assertEqual(log[-3][0:2], ("create", "ag_gemm"))  # AllGather(gz) @ w_row, K = H
         self.assertEqual(log[-3][2:], (1024, 1024, 512, True, "bf16"))
@@ -284,12 +296,12 @@ class TorchOps(unittest.TestCase):
         xr = self.bf16(1024, 512)
         y = cf.column_parallel_linear(xr, w_col, sequence_parallel=False)
         self.assertEqual((y.shape, log[-1][0]), ((1024, 1024), "gemm"))
-        gx, gw = self.backward(y, self.bf16(1024, 1024))
+        gx, gw = self.backward(y, self.bf16(1024, 1024))[:2]
         self.assertEqual((gx.shape, gw.shape), ((1024, 512), (1024, 512)))
         self.assertEqual(log[-1][0:2], ("run", ("gemm_ar", 1024, 512, 2048)))
         z = cf.row_parallel_linear(y, w_row, sequence_parallel=False)
         self.assertEqual((z.shape, log[-1][0:2]), ((1024, 512), ("run", ("gemm_ar", 1024, 512, 2048))))
-        gy, gw = self.backward(z, self.bf16(1024, 512))
+        gy, gw = self.backward(z, self.bf16(1024, 512))[:2]
         self.assertEqual((gy.shape, gw.shape, log[-1][0]), ((1024, 1024), (512, 1024), "gemm"))
         # biases: the column layer's shard [N/W], the row layer's whole [H], added after the op
         y = cf.column_parallel_linear(x, w_col, self.bf16(1024))
@@ -298,6 +310,56 @@ class TorchOps(unittest.TestCase):
         self.assertEqual((z.shape, log[-1][0:2]), ((512, 512), ("run", ("gemm_rs", 1024, 512, 2048))))
         with self.assertRaises(AssertionError):  # a bias of the wrong width does not broadcast
             cf.row_parallel_linear(y, w_row, self.bf16(1024))
+
+    def grad(self, *shape):
+        t = self.bf16(*shape)
+        t.requires_grad = True
+        return t
+
+    def test_raw_ops_with_autograd(self):
+        # The raw ops with inputs that require grad go through autograd (b [K, N] here, not a Linear
+        # weight: each backward flips b_is_weight to take b's transpose). W = 2.
+        cf, log, torch = self.cf, self.lib.log, sys.modules["torch"]
+        a, b = self.grad(512, 1024), self.grad(1024, 3072)
+        c = cf.ag_gemm(a, b)
+        self.assertEqual((c.shape, log[0]), ((1024, 3072), ("create", "ag_gemm", 1024, 3072, 1024, True, "bf16")))
+        ga, gb = self.backward(c, self.bf16(1024, 3072))[:2]
+        self.assertEqual((ga.shape, gb.shape), ((512, 1024), (1024, 3072)))  # a's and b's shapes
+        self.assertEqual(log[2], ("create", "gemm_rs", 1024, 1024, 6144, False, "bf16"))  # gc @ b.T, b as [N, K]
+        self.assertEqual(torch.gathers, [((1024, 1024), (512, 1024))])  # a gathered again for b's gradient
+        a, b = self.grad(1024, 512), self.grad(512, 2048)
+        c = cf.gemm_rs(a, b)
+        self.assertEqual(c.shape, (512, 2048))
+        ga, gb = self.backward(c, self.bf16(512, 2048))[:2]
+        self.assertEqual((ga.shape, gb.shape), ((1024, 512), (512, 2048)))
+        self.assertEqual(log[-3], ("create", "ag_gemm", 1024, 512, 2048, False, "bf16"))  # AllGather(gc) @ b.T
+        self.assertEqual(log[-1], ("gathered", ("ag_gemm", 1024, 512, 2048)))  # the gathered gc, for b
+        b.requires_grad = False  # only a's gradient: no gathered copy needed
+        c = cf.gemm_rs(a, b)
+        ga, gb = self.backward(c, self.bf16(512, 2048))[:2]
+        self.assertEqual((ga.shape, gb, log[-1][0]), ((1024, 512), None, "run"))
+        b.requires_grad = True
+        c = cf.gemm_ar(a, b)
+        self.assertEqual(c.shape, (1024, 2048))
+        ga, gb = self.backward(c, self.bf16(1024, 2048))[:2]
+        self.assertEqual((ga.shape, gb.shape), ((1024, 512), (512, 2048)))
+        self.assertEqual(log[-1][:4], ("gemm", 1024, 512, 2048))  # local: gc @ b.T
+        self.assertEqual(log[-1][-3], ("b_kn", False))
+        c = cf.mm(a, self.grad(2048, 512), b_is_weight=True)
+        ga, gb = self.backward(c, self.bf16(1024, 2048))[:2]
+        self.assertEqual((ga.shape, gb.shape, log[-1][-3]), ((1024, 512), (2048, 512), ("b_kn", True)))
+        c, g = cf.ag_gemm(self.grad(512, 1024), self.bf16(1024, 3072), return_gathered=True)
+        self.assertEqual((c.shape, g.shape), ((1024, 3072), (1024, 1024)))
+        self.assertEqual(c.grad_fn[1].non_differentiable, (g,))  # the gathered rows carry no gradient
+        # what autograd cannot take: an out= buffer; the ops without a backward yet say so
+        self.error(lambda: cf.gemm_rs(a, b, out=self.bf16(512, 2048)),
+                   "out= is not supported when an input requires grad (autograd needs a fresh output)")
+        self.error(lambda: cf.grouped_mm(self.grad(64, 512), self.bf16(4, 512, 256), FakeTensor((4,), "int32")),
+                   "grouped_mm has no backward yet: call it under torch.no_grad() or on detached inputs")
+        torch.is_grad_enabled = lambda: False  # under torch.no_grad(): the kernel alone, out= allowed
+        n = len(log)
+        cf.gemm_rs(a, b, out=self.bf16(512, 2048))
+        self.assertEqual(log[n][0:2], ("run", ("gemm_rs", 1024, 2048, 1024)))
 
     def test_moe(self):
         cf, log = self.cf, self.lib.log
@@ -317,6 +379,8 @@ class TorchOps(unittest.TestCase):
         self.error(lambda: moe(self.bf16(64, 256), ids, wts), "x must be [T, 512], got (64, 256)")
         self.error(lambda: cf.MoeFfn(w1, self.bf16(4, 512, 64), 8, 2, 100),
                    "w2 must be [E/W, H, F] = (4, 512, 128) for w1 (4, 256, 512), got (4, 512, 64)")
+        self.error(lambda: moe(x, ids, self.grad(64, 2)),
+                   "MoeFfn has no backward yet: call it under torch.no_grad() or on detached inputs")
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
 
@@ -346,6 +410,28 @@ class TorchOps(unittest.TestCase):
         cf._local_lib = self.lib
         cf.mm(a, w, b_is_weight=True)
         self.assertEqual(log[-1][0], "gemm")
+
+    def test_route(self):
+        cf, log = self.cf, self.lib.log
+        logits, bias = FakeTensor((4096, 64), "float32"), FakeTensor((64,), "float32")
+        ids, w, counts, dropped = cf.route(logits, 8, bias=bias, capacity_factor=1.25, drop="probability")
+        self.assertEqual((ids.shape, ids.dtype, w.shape, w.dtype), ((4096, 8), "int32", (4096, 8), "float32"))
+        self.assertEqual((counts.shape, counts.dtype, dropped.shape, dropped.dtype), ((64,), "int32", (1,), "int64"))
+        self.assertEqual(log[0][:4], ("route_ws", 64, 8, 4096))
+        self.assertIn(("world_size", 2), log[0])  # the Team's W: experts must split over the ranks
+        call = log[1]
+        self.assertEqual(call[:6], ("route", 64, 8, logits.data_ptr(), 4096, bias.data_ptr()))
+        self.assertEqual(call[6:10], (ids.data_ptr(), w.data_ptr(), counts.data_ptr(), dropped.data_ptr()))
+        self.assertIsNotNone(call[10])  # a workspace (the capacity can bind) ...
+        self.assertEqual(call[11], 1234)  # ... and torch's current stream
+        self.assertIn(("drop", "probability"), call)
+        cf.route(logits, 8, bias=bias, capacity_factor=1.25, drop="probability")
+        self.assertEqual([x[0] for x in log], ["route_ws", "route", "route"])  # the size is asked once
+        cf.route(logits, 2)  # dropless: no workspace, no bias
+        self.assertEqual((log[-1][5], log[-1][10]), (None, None))
+        self.error(lambda: cf.route(self.bf16(4096, 64), 8), "logits must be float32, got bfloat16")
+        self.error(lambda: cf.route(logits, 8, bias=FakeTensor((32,), "float32")),
+                   "bias must have one value per expert (64), got 32")
 
     def test_mm_bad_input(self):
         cf = self.cf
