@@ -27,6 +27,6 @@ timeout 120 python3 tools/torch_router_check.py --ccfuse-lib $lib --inject-fault
 echo "== presum_combine_kernel tests: $(grep -E '^\[  (PASSED|FAILED) ' $O/t/gpu_tests_only.log | tr '\n' ' ')"
 echo "== torch linears W=1:"; grep -vE '^(W|\[)' $O/tp_linear.log | tail -16
 echo "== compile/opcheck W=1:"; grep -E 'ok$|FAIL|rc=|torch_compile_check' $O/compile.log | tail -30
-echo "== compile, injected fault (must end rc=1 with fault:block reported ok):"; grep -E 'fault|rc=' $O/compile_fault.log | tail -3
+echo "== compile, injected fault (must fail: fault:block FAIL, rc=1):"; grep -E 'fault|rc=' $O/compile_fault.log | tail -3
 echo "== router:"; tail -12 $O/router.log
 echo "== router, injected fault (must end rc=1):"; grep -E 'dropless_softmax|rc=' $O/router_fault.log
