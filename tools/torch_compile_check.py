@@ -10,7 +10,9 @@
    without sequence parallelism, with a saved gathered input) compiled with fullgraph=True per
    backend: its output and gradients against the same block run eagerly and against an fp64
    reference (the full tensors drawn from one seed on every rank, each rank keeping its shard).
-3. The raw ops with autograd (ag_gemm / gemm_rs on b [K, N]) compiled, the same comparisons.
+3. The raw ops with autograd (ag_gemm / gemm_rs on b [K, N]) compiled, the same comparisons; and
+   grouped_mm with autograd (eager and compiled; b's gradient by torch._grouped_mm), with an empty
+   group and padding rows past the groups' total (whose gradient must be 0).
 4. Inference under torch.no_grad(): the MoE FFN and grouped_mm compiled (bit-for-bit the eager
    result), and the TP block with mode="reduce-overhead" (CUDA graphs) replayed on new inputs.
 Fresh random inputs per case; --inject-fault runs one block case only, with its compiled output
@@ -174,6 +176,38 @@ def main():
         record("raw_kn:" + backend, errs, {"backend": backend})
     for backend in backends:
         guarded("raw_kn:" + backend, lambda: raw_case(backend))
+
+    # 3b. grouped_mm with autograd (a's gradient by ccfuse, b's by torch._grouped_mm), eager and
+    # compiled: 4 groups, one empty, 64 padding rows past the groups' total (their gradient: 0)
+    def grouped_case(mode, b_is_weight):
+        counts = [S // 4, 0, S // 2, S // 4 - 64]
+        ng = N // 4
+        A, GY = rnd(S, H), rnd(S, ng)
+        B = rnd(4, ng, H, scale=H ** -0.5) if b_is_weight else rnd(4, H, ng, scale=H ** -0.5)
+        Ar, Br = A.clone().requires_grad_(), B.clone().requires_grad_()
+        outs, start = [], 0
+        for gi, n_g in enumerate(counts):
+            bg = Br[gi].T if b_is_weight else Br[gi]
+            outs.append(Ar[start:start + n_g] @ bg)
+            start += n_g
+        Yr = torch.cat(outs)
+        Yr.backward(GY[:start])
+        grp = torch.tensor(counts, dtype=torch.int32, device=dev)
+        a, b = on(A, True), on(B, True)
+
+        def f(a, b):
+            return cf.grouped_mm(a, b, grp, b_is_weight=b_is_weight)
+        fn = f if mode == "eager" else torch.compile(f, fullgraph=True, backend=mode)
+        y = fn(a, b)
+        y.backward(on(GY))
+        torch.cuda.synchronize()
+        errs = {"y": rel_err(y[:start], Yr), "a_grad": rel_err(a.grad[:start], Ar.grad[:start]),
+                "b_grad": rel_err(b.grad, Br.grad),
+                "a_grad_padding_nonzero": float((a.grad[start:] != 0).sum())}
+        record("grouped_autograd:%s:%s" % (mode, "nk" if b_is_weight else "kn"), errs, {"backend": mode})
+    for mode in ["eager"] + backends:
+        for bw in (True, False):
+            guarded("grouped_autograd:%s:%s" % (mode, "nk" if bw else "kn"), lambda: grouped_case(mode, bw))
 
     # 4. inference: the MoE FFN and grouped_mm compiled (bit for bit), the TP block in CUDA graphs
     def moe_case(backend):

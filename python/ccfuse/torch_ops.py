@@ -10,8 +10,9 @@
     z = cf.gemm_ar(x, w)                       # -> [M, N]
     y = cf.column_parallel_linear(x, w_col)    # Megatron's linears with autograd (sequence parallel:
     y = cf.row_parallel_linear(y, w_row)       #   ag_gemm / gemm_rs forward, gemm_rs / ag_gemm backward)
+    topk_ids, topk_w, counts, dropped = cf.route(logits, k, capacity_factor=1.25)  # ccfuse's GPU router
     moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T)
-    out = moe(x, topk_ids, topk_w)             # [T, H]
+    out = moe(x, topk_ids, topk_w)             # [T, H] (no autograd yet: under torch.no_grad())
     cf.finalize()                              # before dist.destroy_process_group()
 
     c = cf.mm(a, b)                            # single GPU, no init() needed: a [M, K] @ b [K, N]
@@ -25,6 +26,12 @@ caching allocator's stream semantics. bf16 or fp16 (the MoE FFN: bf16); mm and g
 collective and load the library on first use. Weights of the TP ops: b is [K, N] (a @ b), or
 a torch.nn.Linear weight [N, K] with b_is_weight=True. Bad input raises ValueError naming the
 argument and the rule; the library's own checks raise ccfuse.CcfuseError.
+
+Autograd: ag_gemm, gemm_rs, gemm_ar and mm on tensors that require grad have backward passes (the
+fused op the communication transposes into; b is this rank's weight shard, as in Megatron), and
+grouped_mm (b's gradient by torch._grouped_mm); the MoE FFN has none yet.
+torch.compile: the kernels are custom ops (torch.ops.ccfuse.*) while it traces, so graphs keep
+them (fullgraph=True works); see docs/integration.md for what differs there.
 """
 import torch
 
@@ -401,6 +408,35 @@ def mm(a, b, out=None, b_is_weight=False):
     return _kernel("mm", a, b, b_is_weight, out=out)
 
 
+class _GroupedFn(torch.autograd.Function):
+    """c = per group g, its rows of a @ b[g]; backward: a's gradient by ccfuse's grouped GEMM (b's
+    transpose), b's by torch._grouped_mm over the groups' rows (the contraction is the group's
+    rows, K varying per group)."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_rows, b_is_weight):
+        ctx.b_is_weight = b_is_weight
+        ctx.save_for_backward(a, b, group_rows)
+        return _kernel("grouped_mm", a, b, group_rows, b_is_weight)
+
+    @staticmethod
+    def backward(ctx, gc):
+        a, b, group_rows = ctx.saved_tensors
+        gc = gc.contiguous()
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = _kernel("grouped_mm", gc, b, group_rows, not ctx.b_is_weight)
+            # rows past the groups' total are not written (not part of c): their gradient is zero
+            past = torch.arange(ga.shape[0], device=ga.device)[:, None] >= group_rows.sum()
+            ga = ga.masked_fill(past, 0)
+        if ctx.needs_input_grad[1]:
+            offs = torch.cumsum(group_rows, 0, dtype=torch.int32)  # each group's end row
+            # [G, N, K] = gc_g.T @ a_g (Linear weights), or [G, K, N] = a_g.T @ gc_g
+            gb = (torch._grouped_mm(gc.t(), a, offs=offs) if ctx.b_is_weight
+                  else torch._grouped_mm(a.t(), gc, offs=offs))
+        return ga, gb, None, None
+
+
 def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
     """MoE experts on one GPU: rows [off_g, off_g + group_rows[g]) of the result = the same rows of a @ b[g].
 
@@ -408,10 +444,15 @@ def grouped_mm(a, b, group_rows, out=None, b_is_weight=False):
     group_rows: int32 [G] on the GPU (read there: no host sync, capturable in a CUDA graph), off_g
     its prefix sum (from torch._grouped_mm's offs: torch.diff(offs, prepend=offs.new_zeros(1))).
     Returns [R, N]; rows past sum(group_rows) are not written, rows past R are dropped.
-    No autograd yet: inputs that require grad raise ValueError (docs/integration.md).
+    Autograd: a's gradient by this grouped GEMM (zero past the groups' rows), b's by
+    torch._grouped_mm (torch >= 2.8, bf16; the expert weights' gradient).
     """
     if _needs_grad(a, b):
-        raise ValueError("grouped_mm has no backward yet: call it under torch.no_grad() or on detached inputs")
+        _no_out_with_grad(out)
+        if getattr(b, "requires_grad", False) and not hasattr(torch, "_grouped_mm"):
+            raise ValueError("grouped_mm: b's gradient needs torch._grouped_mm (torch >= 2.8); detach b or "
+                             "upgrade torch")
+        return _GroupedFn.apply(a, b, group_rows, b_is_weight)
     return _kernel("grouped_mm", a, b, group_rows, b_is_weight, out=out)
 
 

@@ -74,10 +74,30 @@ class FakeTensor:
         assert other.shape == self.shape[-1:], (self.shape, other.shape)
         return FakeTensor(self.shape, self.dtype)
 
+    def sum(self, dim=None):
+        return FakeTensor((), self.dtype)
+
+    def masked_fill(self, mask, value):
+        assert mask.shape == (self.shape[0], 1), (mask.shape, self.shape)
+        return FakeTensor(self.shape, self.dtype)
+
     def view(self, dtype):
         v = FakeTensor(self.shape, dtype)
         v._ptr = self._ptr
         return v
+
+
+class FakeArange:
+    """torch.arange(n)[:, None] >= total: the mask of rows past the groups' total."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __getitem__(self, index):
+        return self
+
+    def __ge__(self, other):
+        return FakeTensor((self.n, 1), "bool")
 
 
 class FakeCtx:
@@ -113,6 +133,14 @@ def fake_torch():
     t.cuda = types.SimpleNamespace(current_stream=lambda device=None: stream)
     t.autograd = types.SimpleNamespace(Function=FakeFunction)
     t.is_grad_enabled = lambda: True
+    t.grouped_mms = []  # torch._grouped_mm calls: (a, b, offs) shapes
+
+    def grouped_mm_2d2d(a, b, offs=None):  # groups split the contraction: [G, a rows, b cols]
+        t.grouped_mms.append((a.shape, b.shape, offs.shape))
+        return FakeTensor((offs.shape[0], a.shape[0], b.shape[1]), a.dtype)
+    t._grouped_mm = grouped_mm_2d2d
+    t.cumsum = lambda x, dim, dtype=None: FakeTensor(x.shape, dtype or x.dtype)
+    t.arange = lambda n, device=None: FakeArange(n)
 
     def as_tensor(obj, device=None):
         cai = obj.__cuda_array_interface__
@@ -354,8 +382,18 @@ class TorchOps(unittest.TestCase):
         # what autograd cannot take: an out= buffer; the ops without a backward yet say so
         self.error(lambda: cf.gemm_rs(a, b, out=self.bf16(512, 2048)),
                    "out= is not supported when an input requires grad (autograd needs a fresh output)")
-        self.error(lambda: cf.grouped_mm(self.grad(64, 512), self.bf16(4, 512, 256), FakeTensor((4,), "int32")),
-                   "grouped_mm has no backward yet: call it under torch.no_grad() or on detached inputs")
+        # grouped_mm: a's gradient by the grouped GEMM (b's transpose), b's by torch._grouped_mm
+        x, rows = self.grad(4096, 512), FakeTensor((8,), "int32")
+        y = cf.grouped_mm(x, self.grad(8, 1536, 512), rows, b_is_weight=True)
+        gx, gw = self.backward(y, self.bf16(4096, 1536))[:2]
+        self.assertEqual((gx.shape, gw.shape), ((4096, 512), (8, 1536, 512)))
+        self.assertEqual(log[-1][:5], ("grouped_gemm", 8, 4096, 512, 1536))  # gy [R, N] @ w[g] [N, K]
+        self.assertEqual(log[-1][-2], ("b_kn", True))
+        self.assertEqual(torch.grouped_mms[-1], ((1536, 4096), (4096, 512), (8,)))  # gy.T @ x per group
+        y = cf.grouped_mm(x, self.grad(8, 512, 1536), rows)  # b [G, K, N]
+        gx, gw = self.backward(y, self.bf16(4096, 1536))[:2]
+        self.assertEqual((gx.shape, gw.shape, log[-1][-2]), ((4096, 512), (8, 512, 1536), ("b_kn", False)))
+        self.assertEqual(torch.grouped_mms[-1], ((512, 4096), (4096, 1536), (8,)))  # x.T @ gy per group
         torch.is_grad_enabled = lambda: False  # under torch.no_grad(): the kernel alone, out= allowed
         n = len(log)
         cf.gemm_rs(a, b, out=self.bf16(512, 2048))
