@@ -137,7 +137,8 @@ def main():
             fn = block if mode == "eager" else torch.compile(block, fullgraph=True, backend=backend)
             y = fn(x, w1, w2, sp, save)
             if mode == "compiled" and case.startswith("fault:"):
-                y = y + 0.5 * y.detach().abs().max() * (torch.rand_like(y) > 0.999)
+                # ~0.1 % of the elements off by half the largest (fp32 draws: bf16's below 1 stop at 0.996)
+                y = y + 0.5 * y.detach().abs().max() * (torch.rand(y.shape, device=y.device) > 0.999)
             y.backward(on(GY[x_rows]))
             torch.cuda.synchronize()
             outs[mode] = (y, x.grad, w1.grad, w2.grad)

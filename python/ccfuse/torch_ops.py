@@ -625,7 +625,8 @@ class MoeFfn:
             raise ValueError("MoeFfn has no backward yet: call it under torch.no_grad() or on detached inputs")
         if not _compiling():
             return self._run(x, topk_ids, topk_w, out)
-        y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, self._handle)
+        # the handle as a string: dynamo specialises strings (an int could become a SymInt)
+        y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, str(self._handle))
         if out is None:
             return y
         out.copy_(y)
@@ -707,14 +708,14 @@ def _register_custom_ops():
                 logits.new_empty((e,), dtype=torch.int32), logits.new_empty((1,), dtype=torch.int64))
 
     @library.custom_op("ccfuse::moe_ffn", mutates_args=())
-    def moe_ffn_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, handle: int) -> Tensor:
-        return _moe_ffns[handle]._run(x, topk_ids, topk_w)
+    def moe_ffn_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, handle: str) -> Tensor:
+        return _moe_ffns[int(handle)]._run(x, topk_ids, topk_w)
 
     @moe_ffn_op.register_fake
     def _(x, topk_ids, topk_w, handle):
-        ffn = _moe_ffns.get(handle)
+        ffn = _moe_ffns.get(int(handle))
         if ffn is None:
-            raise ValueError("no MoeFfn with handle %d (closed?)" % handle)
+            raise ValueError("no MoeFfn with handle %s (closed?)" % handle)
         return x.new_empty((ffn._checked(x, topk_ids, topk_w), ffn.hidden))
     return True
 
