@@ -593,6 +593,7 @@ class MoeFfn:
         self._handle = _next_moe_handle[0]
         _next_moe_handle[0] += 1
         _moe_ffns[self._handle] = self
+        self._key = str(self._handle)  # what the op takes: dynamo specialises strings (an int can become a SymInt)
 
     def describe(self):
         return self._ffn.describe()
@@ -625,8 +626,7 @@ class MoeFfn:
             raise ValueError("MoeFfn has no backward yet: call it under torch.no_grad() or on detached inputs")
         if not _compiling():
             return self._run(x, topk_ids, topk_w, out)
-        # the handle as a string: dynamo specialises strings (an int could become a SymInt)
-        y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, str(self._handle))
+        y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, self._key)
         if out is None:
             return y
         out.copy_(y)
