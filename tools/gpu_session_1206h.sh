@@ -9,6 +9,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
 mkdir -p $O
+if [ "${1:-}" = grouped ]; then
+  for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
+  source tools/gpu_env.sh
+  timeout 500 python3 tools/torch_grouped_autograd_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
+    --json $O/grouped_autograd.jsonl 2>&1 | tee $O/grouped_autograd.log | tail -14
+  exit 0
+fi
 OUT=$O/t CCFUSE_TEST_FILTER='*presum_combine_kernel*' CCFUSE_TEST_TIMEOUT=120 bash tools/gpu_run.sh tests_only > /dev/null 2>&1
 tar xzf $O/t/ccfuse-results.tgz -C $O/t 2>/dev/null
 for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
@@ -30,3 +37,5 @@ echo "== compile/opcheck W=1:"; grep -E 'ok$|FAIL|rc=|torch_compile_check' $O/co
 echo "== compile, injected fault (must fail: fault:block FAIL, rc=1):"; grep -E 'fault|rc=' $O/compile_fault.log | tail -3
 echo "== router:"; tail -12 $O/router.log
 echo "== router, injected fault (must end rc=1):"; grep -E 'dropless_softmax|rc=' $O/router_fault.log
+# Second call ("grouped" as the first argument runs only this): grouped_mm with autograd against
+# torch._grouped_mm on MoE expert shapes.
