@@ -1,5 +1,6 @@
 """ccfuse.torch_ops.grouped_mm with autograd against torch._grouped_mm (its own autograd) on MoE
-expert shapes, one GPU: forward alone and forward + backward (a's and b's gradients), CUDA events,
+expert shapes, one GPU: forward alone, a's gradient alone (b read with N
+contiguous: ccfuse's "kn" path) and forward + backward (a's and b's gradients), CUDA events,
 interleaved rounds, medians. Checks both against each other first (relative error <= 1e-2 on the
 output and both gradients; fresh random inputs, uniform or Zipf-skewed group sizes).
 
@@ -94,7 +95,11 @@ def main():
             def fwd_bwd(fn):
                 a.grad = b.grad = None
                 fn().backward(gy)
-            fns = {"ccfuse_fwd": lambda: fwd(ours), "torch_fwd": lambda: fwd(theirs),
+            # a's gradient alone: gy [rows, N] @ b[g] [N, K], b read with its K contiguous (ccfuse's
+            # b_is_weight=False path: "kn", B [K', N'] with N' contiguous)
+            fns = {"ccfuse_dgrad": lambda: fwd(lambda: cf.grouped_mm(gy, b, counts)),
+                   "torch_dgrad": lambda: fwd(lambda: torch._grouped_mm(gy, b, offs=offs)),
+                   "ccfuse_fwd": lambda: fwd(ours), "torch_fwd": lambda: fwd(theirs),
                    "ccfuse_fwd_bwd": lambda: fwd_bwd(ours), "torch_fwd_bwd": lambda: fwd_bwd(theirs)}
             times = {key: [] for key in fns}
             torch.cuda.synchronize()
@@ -112,8 +117,8 @@ def main():
                    **{"t_%s_ms" % key: v for key, v in ms.items()}, **{"rel_err_" + k2: v for k2, v in errs.items()},
                    "ok": ok, "iters": args.iters}
             out.append(rec)
-            print("%-14s %-7s fwd %.3f / %.3f ms (%.2fx)  fwd+bwd %.3f / %.3f ms (%.2fx)  err y %.1e da %.1e db %.1e %s" % (
-                name, routing, ms["ccfuse_fwd"], ms["torch_fwd"], ms["torch_fwd"] / ms["ccfuse_fwd"],
+            print("%-14s %-7s dgrad(kn) %.3f / %.3f ms (%.2fx)  fwd %.3f / %.3f ms (%.2fx)  fwd+bwd %.3f / %.3f ms (%.2fx)  err y %.1e da %.1e db %.1e %s" % (
+                name, routing, ms["ccfuse_dgrad"], ms["torch_dgrad"], ms["torch_dgrad"] / ms["ccfuse_dgrad"], ms["ccfuse_fwd"], ms["torch_fwd"], ms["torch_fwd"] / ms["ccfuse_fwd"],
                 ms["ccfuse_fwd_bwd"], ms["torch_fwd_bwd"], ms["torch_fwd_bwd"] / ms["ccfuse_fwd_bwd"],
                 errs["y"], errs["a_grad"], errs["b_grad"], "ok" if ok else "FAIL"), flush=True)
     if args.json:
