@@ -425,10 +425,12 @@ class _GroupedFn(torch.autograd.Function):
         gc = gc.contiguous()
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = _kernel("grouped_mm", gc, b, group_rows, not ctx.b_is_weight)
             # rows past the groups' total are not written (not part of c): their gradient is zero
-            past = torch.arange(ga.shape[0], device=ga.device)[:, None] >= group_rows.sum()
-            ga = ga.masked_fill(past, 0)
+            if _compiling():  # a functional op: mask its result
+                ga = _kernel("grouped_mm", gc, b, group_rows, not ctx.b_is_weight)
+                ga = ga.masked_fill(torch.arange(ga.shape[0], device=ga.device)[:, None] >= group_rows.sum(), 0)
+            else:  # a memset, then the kernel writes the groups' rows (cheaper than masking a copy)
+                ga = _kernel("grouped_mm", gc, b, group_rows, not ctx.b_is_weight, out=torch.zeros_like(a))
         if ctx.needs_input_grad[1]:
             offs = torch.cumsum(group_rows, 0, dtype=torch.int32)  # each group's end row
             # [G, N, K] = gc_g.T @ a_g (Linear weights), or [G, K, N] = a_g.T @ gc_g
