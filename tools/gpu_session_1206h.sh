@@ -14,6 +14,9 @@ if [ "${1:-}" = grouped ]; then
   source tools/gpu_env.sh
   timeout 500 python3 tools/torch_grouped_autograd_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
     --json $O/grouped_autograd.jsonl 2>&1 | tee $O/grouped_autograd.log | tail -14
+  timeout 200 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_compile_check.py --ccfuse-lib \
+    .carry/bin/libccfuse_c.so --backends aot_eager --json $O/compile.jsonl > $O/compile.log 2>&1
+  echo "rc=$?" >> $O/compile.log; grep -E 'grouped|check:|rc=' $O/compile.log | cut -c1-150
   exit 0
 fi
 OUT=$O/t CCFUSE_TEST_FILTER='*presum_combine_kernel*' CCFUSE_TEST_TIMEOUT=120 bash tools/gpu_run.sh tests_only > /dev/null 2>&1
