@@ -41,3 +41,27 @@ struct MoeNaiveOutput {
 MoeNaiveOutput naive_moe(const std::vector<MoeRankInputs>& ranks, const MoeShape& shape);
 
 }  // namespace ccfuse::ref
+
+namespace ccfuse::ref {
+
+// The gradients of the MoE FFN (the plan in docs/moe-layers.md, "The backward pass"), fp64, from
+// the definitions above: given d loss / d out of every rank's tokens,
+//   u        = g[t] @ W2_e^T                               [F]   (the unscaled gradient at act)
+//   d w[t,s] = <u, act_{t,s}>                              (= <g[t], act_{t,s} @ W2_e>)
+//   d act    = w[t,s] · u;  d h = act'(h, d act)           [F] or [2F]
+//   d x[t]   = Σ_s d h @ W1_e^T                            [H]
+//   d W2_e  += w[t,s] · act_{t,s}^T g[t];  d W1_e += x[t]^T d h
+// Dropped slots contribute nothing and get d w = 0. Gradients of the weights land on the rank
+// that owns the expert, as the forward's weights live there.
+struct MoeNaiveGrad {
+  std::vector<std::vector<double>> dx;  // [W][T_r * H]
+  std::vector<std::vector<double>> dw;  // [W][T_r * k] (the router weights' gradient)
+  std::vector<std::vector<double>> dw1;  // [W][E_local * H * F'] (F' = 2F with SwiGLU)
+  std::vector<std::vector<double>> dw2;  // [W][E_local * F * H]
+};
+
+// grad_out: [W][T_r * H]. Throws InvalidArgument as naive_moe does, and on a grad_out of the wrong size.
+MoeNaiveGrad naive_moe_backward(const std::vector<MoeRankInputs>& ranks, const MoeShape& shape,
+                                const std::vector<std::vector<double>>& grad_out);
+
+}  // namespace ccfuse::ref
