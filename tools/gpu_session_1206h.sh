@@ -12,6 +12,13 @@ mkdir -p $O
 if [ "${1:-}" = grouped ]; then
   for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
   source tools/gpu_env.sh
+  # MoeFfn with autograd (the recomputed backward, ccfuse.moe_grad), W = 1; then an injected fault (must fail)
+  timeout 240 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --json $O/moe_autograd.jsonl > $O/moe_autograd.log 2>&1
+  echo "rc=$?" >> $O/moe_autograd.log; grep -E '^rank|check:|rc=|Error' $O/moe_autograd.log | cut -c1-200
+  timeout 120 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --inject-fault > $O/moe_autograd_fault.log 2>&1
+  echo "fault (want FAIL on uniform_top2, rc=1): rc=$? $(grep -c FAIL $O/moe_autograd_fault.log) FAIL"
   timeout 500 python3 tools/torch_grouped_autograd_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
     --json $O/grouped_autograd.jsonl 2>&1 | tee $O/grouped_autograd.log | tail -14
   timeout 200 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_compile_check.py --ccfuse-lib \

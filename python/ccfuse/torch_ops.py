@@ -570,7 +570,10 @@ class MoeFfn:
     [E/W, H, F]. W1 is permuted once into ccfuse's SwiGLU tile order here. imbalance: the routing
     skew hint for the MoE tuner (most rows a rank receives / the mean; 0 = unknown).
     __call__(x [T, H] bf16, topk_ids [T, k] int32 (-1 = dropped), topk_w [T, k] float32) -> [T, H].
-    No autograd yet: inputs that require grad raise ValueError (docs/integration.md).
+    Autograd (x, topk_w, w1, w2; eager mode): the fused forward, then a recomputed, unfused backward
+    (ccfuse.moe_grad: torch.distributed all-to-alls and grouped GEMMs; one host sync). w1's
+    permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
+    counter; after writes through w1.data call refresh_weights().
     """
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0):
@@ -585,10 +588,12 @@ class MoeFfn:
         if e_local * lib.world_size() != num_experts:
             raise ValueError("w1 holds %d experts, but num_experts %d / world size %d = %s" % (
                 e_local, num_experts, lib.world_size(), num_experts / lib.world_size()))
-        perm = torch.tensor(lib.swiglu_permutation(f), dtype=torch.long, device=w1.device)
-        self.w1 = w1.index_select(1, perm).contiguous()
+        self._perm = torch.tensor(lib.swiglu_permutation(f), dtype=torch.long, device=w1.device)
+        self._w1_src = w1  # the caller's (gate rows, then up rows): what autograd differentiates
+        self.w1 = w1.detach().index_select(1, self._perm).contiguous()
+        self._w1_version = getattr(w1, "_version", None)
         self.w2 = w2
-        self.hidden, self.topk, self.max_tokens = h, topk, max_tokens
+        self.hidden, self.topk, self.max_tokens, self.num_experts = h, topk, max_tokens, num_experts
         self._ffn = lib.moe_ffn_create(max_tokens, h, f, num_experts, topk, swiglu=True, b_kn=False,
                                        imbalance=imbalance)
         # torch.ops.ccfuse.moe_ffn finds this layer by its number (a custom op takes no objects)
@@ -614,18 +619,32 @@ class MoeFfn:
             raise ValueError("x has %d tokens, more than max_tokens %d" % (t, self.max_tokens))
         return t
 
+    def refresh_weights(self):
+        """Permutes w1 into the kernels' copy again (done by itself when w1's version changes)."""
+        with torch.no_grad():
+            torch.index_select(self._w1_src.detach(), 1, self._perm, out=self.w1)
+        self._w1_version = getattr(self._w1_src, "_version", None)
+
     def _run(self, x, topk_ids, topk_w, out=None):
         t = self._checked(x, topk_ids, topk_w)
         if self._ffn is None:
             raise ValueError("this MoeFfn was closed")
+        if getattr(self._w1_src, "_version", None) != self._w1_version:
+            self.refresh_weights()
         y = _out("out", out, (t, self.hidden), x)
         self._ffn.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), self.w1.data_ptr(),
                       self.w2.data_ptr(), y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
         return y
 
     def __call__(self, x, topk_ids, topk_w, out=None):
-        if _needs_grad(x, topk_w, self.w1, self.w2):
-            raise ValueError("MoeFfn has no backward yet: call it under torch.no_grad() or on detached inputs")
+        if _needs_grad(x, topk_w, self._w1_src, self.w2):
+            if _compiling():
+                raise ValueError("MoeFfn's backward runs in eager mode only (its all-to-all sizes sync with the "
+                                 "host): keep the MoE FFN out of torch.compile when training, or call it under "
+                                 "torch.no_grad()")
+            _no_out_with_grad(out)
+            self._checked(x, topk_ids, topk_w)
+            return _MoeFfnFn.apply(x, topk_w, self._w1_src, self.w2, topk_ids, self._key)
         if not _compiling():
             return self._run(x, topk_ids, topk_w, out)
         y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, self._key)
@@ -639,6 +658,45 @@ class MoeFfn:
         if self._ffn is not None:
             self._ffn.close()
             self._ffn = None
+
+
+class _MoeFfnFn(torch.autograd.Function):
+    """The fused forward; the backward recomputed and unfused (ccfuse.moe_grad), its row-split
+    grouped GEMMs by ccfuse's grouped kernel, the weight gradients by torch._grouped_mm."""
+
+    @staticmethod
+    def forward(ctx, x, topk_w, w1, w2, topk_ids, key):
+        ctx.key = key
+        ctx.save_for_backward(x, topk_w, w1, w2, topk_ids)
+        return _moe_ffns[int(key)]._run(x, topk_ids, topk_w)
+
+    @staticmethod
+    def backward(ctx, g):
+        from . import moe_grad
+        x, topk_w, w1, w2, topk_ids = ctx.saved_tensors
+        ffn = _moe_ffns.get(int(ctx.key))
+        if ffn is None:
+            raise ValueError("MoeFfn backward: the layer was closed after its forward")
+        if _need_lib().world_size() > 1:
+            import torch.distributed as dist
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ValueError("MoeFfn backward at world size > 1 needs torch.distributed initialised over the "
+                                 "same ranks (dist.init_process_group)")
+            exchange = moe_grad.DistExchange()
+        else:
+            exchange = moe_grad.LocalExchange()
+        dx, dw, dw1, dw2 = moe_grad.backward(x, topk_ids, topk_w, g.contiguous(), w1, w2, ffn.num_experts,
+                                             exchange, gmm=_moe_gmm)
+        need = ctx.needs_input_grad
+        return (dx if need[0] else None, dw if need[1] else None, dw1 if need[2] else None,
+                dw2 if need[3] else None, None, None)
+
+
+def _moe_gmm(a, b, counts, b_is_weight):
+    """The backward's row-split grouped GEMMs: ccfuse's kernel (every row belongs to a group)."""
+    if a.shape[0] == 0:
+        return a.new_empty((0, b.shape[1] if b_is_weight else b.shape[2]))
+    return _grouped_run(a.contiguous(), b.contiguous(), counts, b_is_weight)
 
 
 _moe_ffns = {}  # handle -> MoeFfn, for torch.ops.ccfuse.moe_ffn

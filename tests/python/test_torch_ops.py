@@ -59,6 +59,9 @@ class FakeTensor:
     def contiguous(self):
         return FakeTensor(self.shape, self.dtype) if not self._contig else self
 
+    def detach(self):
+        return self
+
     # what the autograd functions' backward passes use
     def t(self):
         return FakeTensor(self.shape[::-1], self.dtype, contiguous=False)
@@ -398,8 +401,26 @@ class TorchOps(unittest.TestCase):
         self.error(lambda: moe(self.bf16(64, 256), ids, wts), "x must be [T, 512], got (64, 256)")
         self.error(lambda: cf.MoeFfn(w1, self.bf16(4, 512, 64), 8, 2, 100),
                    "w2 must be [E/W, H, F] = (4, 512, 128) for w1 (4, 256, 512), got (4, 512, 64)")
-        self.error(lambda: moe(x, ids, self.grad(64, 2)),
-                   "MoeFfn has no backward yet: call it under torch.no_grad() or on detached inputs")
+        # with an input that requires grad: the fused forward inside the autograd Function (its
+        # backward, ccfuse.moe_grad, runs on real torch: tests/python/test_moe_grad_torch.py)
+        n = len(log)
+        wg = FakeTensor((64, 2), "float32")
+        wg.requires_grad = True
+        y = moe(x, ids, wg)
+        self.assertEqual((y.shape, log[n][2:4]), ((64, 512), (x.data_ptr(), 64)))
+        self.assertEqual(y.grad_fn[0].__name__, "_MoeFfnFn")
+        self.assertEqual(y.grad_fn[1].saved_tensors[:4], (x, wg, w1, w2))  # w1 as given (gate, up), not the permuted copy
+        self.error(lambda: moe(x, ids, wg, out=self.bf16(64, 512)),
+                   "out= is not supported when an input requires grad (autograd needs a fresh output)")
+        self.error(lambda: moe(self.bf16(64, 256), ids, wg), "x must be [T, 512], got (64, 256)")
+        torch = sys.modules["torch"]
+        torch.compiler = types.SimpleNamespace(is_compiling=lambda: True)
+        try:
+            self.error(lambda: moe(x, ids, wg), "MoeFfn's backward runs in eager mode only (its all-to-all sizes sync "
+                       "with the host): keep the MoE FFN out of torch.compile when training, or call it under "
+                       "torch.no_grad()")
+        finally:
+            del torch.compiler
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
 
