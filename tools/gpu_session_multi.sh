@@ -9,7 +9,8 @@
 #     tests    the whole GPU suite at W (gpu_run.sh tests: ~370 cases at W = 2, 1000-call loops and
 #              CUDA-graph replays included) and ccfuse check; then the parallel linears with autograd
 #              through torch (tools/torch_tp_linear_check.py under torchrun, W ranks), and the ops
-#              under torch.compile / opcheck (tools/torch_compile_check.py, W ranks)
+#              under torch.compile / opcheck (tools/torch_compile_check.py, W ranks), MoeFfn with
+#              autograd (tools/torch_moe_autograd_check.py, W ranks)
 #     tp       the TP table: comm microbench, fused vs serial NCCL+cuBLAS vs PyTorch async-TP in one
 #              run (gpu_run.sh comm tp; tools/tp_report.py renders the README table from its JSON)
 #     moe      the MoE FFN against the serial Megatron-style layer, the tuner's default
@@ -43,6 +44,11 @@ for part in "$@"; do
           --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/compile.jsonl" > "$d/compile.log" 2>&1
         echo "rc=$?" >> "$d/compile.log" )
       lines+=("torch.compile / opcheck at W = $ngpu: $(grep -E '^torch_compile_check:|^rc=' "$d/compile.log" | tr '\n' ' ')")
+      ( source tools/gpu_env.sh
+        timeout 240 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_autograd_check.py \
+          --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/moe_autograd.jsonl" > "$d/moe_autograd.log" 2>&1
+        echo "rc=$?" >> "$d/moe_autograd.log" )
+      lines+=("MoeFfn autograd at W = $ngpu: $(grep -E '^torch_moe_autograd_check:|timing|^rc=' "$d/moe_autograd.log" | cut -c1-160 | tr '\n' ' ')")
       ;;
     tp)
       OUT=$d bash tools/gpu_run.sh comm tp > "$d/run.out" 2>&1
