@@ -19,6 +19,11 @@ if [ "${1:-}" = grouped ]; then
   timeout 120 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
     --ccfuse-lib .carry/bin/libccfuse_c.so --inject-fault > $O/moe_autograd_fault.log 2>&1
   echo "fault (want FAIL on uniform_top2, rc=1): rc=$? $(grep -c FAIL $O/moe_autograd_fault.log) FAIL"
+  # the same on torch's own NCCL communicator (cf.init(process_group=WORLD): the Team borrows it)
+  timeout 120 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --borrow-comm --no-timing --json $O/moe_autograd_borrow.jsonl \
+    > $O/moe_autograd_borrow.log 2>&1
+  echo "borrowed comm: rc=$? $(grep -E 'check:|Error' $O/moe_autograd_borrow.log | head -3)"
   timeout 500 python3 tools/torch_grouped_autograd_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
     --json $O/grouped_autograd.jsonl 2>&1 | tee $O/grouped_autograd.log | tail -14
   timeout 200 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_compile_check.py --ccfuse-lib \

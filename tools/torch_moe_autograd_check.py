@@ -97,6 +97,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--inject-fault", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--borrow-comm", action="store_true",
+                    help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
     args = ap.parse_args()
     if args.ccfuse_lib:
         os.environ["CCFUSE_C_LIB"] = args.ccfuse_lib
@@ -104,9 +106,10 @@ def main():
     dev = torch.device("cuda", local_rank)
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl")
-    cf.init(args.ccfuse_lib)
+    cf.init(args.ccfuse_lib, process_group=dist.group.WORLD if args.borrow_comm else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = {"tool": "torch_moe_autograd_check", "gpu": torch.cuda.get_device_name(dev), "world_size": world,
+            "team": "borrowed torch NCCL communicator" if args.borrow_comm else "own communicator",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": os.environ.get("CCFUSE_COMMIT", "unknown"), "torch": torch.__version__}
     records, failures = [], 0

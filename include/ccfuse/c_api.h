@@ -5,6 +5,8 @@
  * stream a cudaStream_t (torch.cuda.current_stream().cuda_stream); nothing synchronises the host.
  *
  *   ccfuse_init_from_env()                        the process's Team (collective, once)
+ *   ccfuse_init_from_comm(nccl_comm)              or: the Team around the caller's ncclComm_t
+ *                                                 (e.g. torch's process group's; collective)
  *   ccfuse_tp_create("ag_gemm", m, n, k, 1, &op)  a fused op for one shape (collective)
  *   ccfuse_tp_run(op, a, b, c, stream)            one call (collective, in stream order)
  *   ccfuse_tp_destroy(op); ccfuse_finalize()      collective, before the launcher's teardown
@@ -72,6 +74,11 @@ typedef struct ccfuse_tp_op ccfuse_tp_op;
 typedef struct ccfuse_moe_ffn ccfuse_moe_ffn;
 
 int ccfuse_init_from_env(void);
+/* The process's Team around an NCCL communicator the caller owns (torch's ProcessGroupNCCL's, a
+ * tensor-parallel subgroup's): its ranks, its device; ccfuse_finalize does not destroy it, and it
+ * must outlive the Team. The NCCL library loaded must be the one ccfuse was built against (major.
+ * minor). Collective over the communicator's ranks; fails if a Team exists (ccfuse_finalize first). */
+int ccfuse_init_from_comm(void* nccl_comm);
 int ccfuse_world_size(int* out);
 /* The op's default configuration; ag_gemm takes the TP tuner's transport (the copy engine where
  * the push is dense, tp::ag_copy_engine_pays; docs/tp-tuner.md), as `ccfuse bench` does. */

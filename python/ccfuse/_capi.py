@@ -80,6 +80,7 @@ class Ccfuse:
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         d.ccfuse_last_error.restype = ctypes.c_char_p
         d.ccfuse_init_from_env.argtypes = []
+        d.ccfuse_init_from_comm.argtypes = [vp]
         d.ccfuse_world_size.argtypes = [ctypes.POINTER(ctypes.c_int)]
         d.ccfuse_tp_create.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.POINTER(vp)]
         d.ccfuse_tp_create_typed.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.c_int,
@@ -109,6 +110,10 @@ class Ccfuse:
 
     def init_from_env(self):
         self._check(self._dll.ccfuse_init_from_env())
+
+    def init_from_comm(self, nccl_comm):
+        """The Team around an ncclComm_t the caller owns (an int address; not destroyed by finalize)."""
+        self._check(self._dll.ccfuse_init_from_comm(nccl_comm))
 
     def world_size(self):
         w = ctypes.c_int()

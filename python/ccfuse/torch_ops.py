@@ -4,6 +4,7 @@
     from ccfuse import torch_ops as cf
     dist.init_process_group("nccl"); torch.cuda.set_device(local_rank)
     cf.init()                                  # the process's Team (collective), libccfuse_c.so
+    # or cf.init(process_group=tp_group): the Team on that NCCL group's communicator (borrowed)
     c = cf.ag_gemm(a, b)                       # a [M/W, K], b [K, N] -> c [M, N] = AllGather(a) @ b
     c, g = cf.ag_gemm(a, b, return_gathered=True)   # and g = AllGather(a) [M, K] (a view, no copy)
     y = cf.gemm_rs(x, w)                       # x [M, K/W], w [K/W, N] -> this rank's rows [M/W, N]
@@ -12,7 +13,7 @@
     y = cf.row_parallel_linear(y, w_row)       #   ag_gemm / gemm_rs forward, gemm_rs / ag_gemm backward)
     topk_ids, topk_w, counts, dropped = cf.route(logits, k, capacity_factor=1.25)  # ccfuse's GPU router
     moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T)
-    out = moe(x, topk_ids, topk_w)             # [T, H] (no autograd yet: under torch.no_grad())
+    out = moe(x, topk_ids, topk_w)             # [T, H] (autograd: a recomputed backward, eager)
     cf.finalize()                              # before dist.destroy_process_group()
 
     c = cf.mm(a, b)                            # single GPU, no init() needed: a [M, K] @ b [K, N]
@@ -29,7 +30,7 @@ argument and the rule; the library's own checks raise ccfuse.CcfuseError.
 
 Autograd: ag_gemm, gemm_rs, gemm_ar and mm on tensors that require grad have backward passes (the
 fused op the communication transposes into; b is this rank's weight shard, as in Megatron), and
-grouped_mm (b's gradient by torch._grouped_mm); the MoE FFN has none yet.
+grouped_mm (b's gradient by torch._grouped_mm), and the MoE FFN (recomputed, unfused: moe_grad).
 torch.compile: the kernels are custom ops (torch.ops.ccfuse.*) while it traces, so graphs keep
 them (fullgraph=True works); see docs/integration.md for what differs there.
 """
@@ -43,19 +44,53 @@ _ops = {}
 _mm_ws_bytes = {}  # mm: workspace bytes per (m, n, k, b_is_weight, dtype, device)
 
 
-def init(lib_path=None):
-    """Loads libccfuse_c.so (lib_path, $CCFUSE_C_LIB or build/) and joins the process's Team."""
-    global _lib
+_group = None  # the torch.distributed group of ccfuse's Team (None: the default group)
+
+
+def init(lib_path=None, process_group=None):
+    """Loads libccfuse_c.so (lib_path, $CCFUSE_C_LIB or build/) and joins the process's Team:
+    its own (a second NCCL communicator, from torchrun's environment) or, with process_group (an
+    NCCL group of torch.distributed, e.g. the tensor-parallel one), that group's communicator,
+    borrowed (collective over the group; the group must outlive finalize()). The backward passes'
+    torch collectives then run on the same group. Returns the Team's world size."""
+    global _lib, _group
     if _lib is None:
         lib = Ccfuse(lib_path)
-        lib.init_from_env()
-        _lib = lib
+        if process_group is None:
+            lib.init_from_env()
+        else:
+            lib.init_from_comm(_nccl_comm(process_group))
+        _lib, _group = lib, process_group
+    elif process_group is not _group:
+        raise ValueError("init: ccfuse's Team exists already on another group: call finalize() first")
     return _lib.world_size()
+
+
+def _nccl_comm(group):
+    """The address of group's NCCL communicator on the current device (created by torch on a
+    group's first collective: one all_reduce of one element makes sure it exists)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("process_group: torch.distributed is not initialised (dist.init_process_group first)")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    try:
+        backend = group._get_backend(dev)
+    except (AttributeError, RuntimeError) as e:
+        raise ValueError("process_group: no backend for %s in this group (%s)" % (dev, e))
+    comm_ptr = getattr(backend, "_comm_ptr", None)
+    if comm_ptr is None:
+        raise ValueError("process_group must be an NCCL group (its backend %s has no NCCL communicator)"
+                         % type(backend).__name__)
+    dist.all_reduce(torch.zeros(1, device=dev), group=group)
+    ptr = int(comm_ptr())
+    if ptr == 0:
+        raise ValueError("process_group: its NCCL communicator on %s does not exist" % dev)
+    return ptr
 
 
 def finalize():
     """Frees every cached op and the Team (collective)."""
-    global _lib
+    global _lib, _group
     for ffn in list(_moe_ffns.values()):
         ffn.close()
     for op in _ops.values():
@@ -64,6 +99,7 @@ def finalize():
     if _lib is not None:
         _lib.finalize()
         _lib = None
+    _group = None
 
 
 def _need_lib():
@@ -359,10 +395,12 @@ class _DenseFn(torch.autograd.Function):
 
 
 def _all_gather_rows(x):
-    """AllGather_rows(x) over torch.distributed's default group (the ranks of ccfuse's Team)."""
+    """AllGather_rows(x) over the Team's torch.distributed group (init's process_group, else the
+    default group: then the ranks of ccfuse's Team)."""
     import torch.distributed as dist
-    total = torch.empty((x.shape[0] * dist.get_world_size(), x.shape[1]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(total, x.contiguous())
+    kw = {} if _group is None else {"group": _group}
+    total = torch.empty((x.shape[0] * dist.get_world_size(**kw), x.shape[1]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(total, x.contiguous(), **kw)
     return total
 
 
@@ -682,7 +720,7 @@ class _MoeFfnFn(torch.autograd.Function):
             if not (dist.is_available() and dist.is_initialized()):
                 raise ValueError("MoeFfn backward at world size > 1 needs torch.distributed initialised over the "
                                  "same ranks (dist.init_process_group)")
-            exchange = moe_grad.DistExchange()
+            exchange = moe_grad.DistExchange(_group)
         else:
             exchange = moe_grad.LocalExchange()
         dx, dw, dw1, dw2 = moe_grad.backward(x, topk_ids, topk_w, g.contiguous(), w1, w2, ffn.num_experts,

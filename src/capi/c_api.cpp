@@ -56,7 +56,7 @@ int guarded(F&& fn) {
 
 ccfuse::comm::Team& the_team() {
   std::lock_guard<std::mutex> lock(team_mu);
-  CCFUSE_ARG_CHECK(team != nullptr, "no Team: call ccfuse_init_from_env() first");
+  CCFUSE_ARG_CHECK(team != nullptr, "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first");
   return *team;
 }
 
@@ -102,6 +102,15 @@ int ccfuse_init_from_env(void) {
   return guarded([] {
     std::lock_guard<std::mutex> lock(team_mu);
     if (team == nullptr) team = ccfuse::comm::Team::from_env();
+  });
+}
+
+int ccfuse_init_from_comm(void* nccl_comm) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(nccl_comm != nullptr, "nccl_comm must be a valid ncclComm_t, got null");
+    std::lock_guard<std::mutex> lock(team_mu);
+    CCFUSE_ARG_CHECK(team == nullptr, "a Team exists already: call ccfuse_finalize() before ccfuse_init_from_comm");
+    team = ccfuse::comm::Team::from_comm(static_cast<ncclComm_t>(nccl_comm));
   });
 }
 

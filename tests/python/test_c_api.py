@@ -33,8 +33,8 @@ class CApi(unittest.TestCase):
     def test_errors_name_the_argument_and_the_rule(self):
         self.expect_error('lib.tp_create("gemm", 8, 8, 8)',
                           "op 'gemm' is not a fused TP op (ag_gemm, gemm_rs, gemm_ar)")
-        self.expect_error('lib.tp_create("ag_gemm", 8, 8, 8)', "no Team: call ccfuse_init_from_env() first")
-        self.expect_error("lib.world_size()", "no Team: call ccfuse_init_from_env() first")
+        self.expect_error('lib.tp_create("ag_gemm", 8, 8, 8)', "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
+        self.expect_error("lib.world_size()", "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
         self.expect_error("lib.init_from_env()", "environment variable RANK is not set: launch with torchrun, "
                                                  "srun or mpirun, or use Team::create")
         self.expect_error("ccfuse_ctypes.TpOp(lib, None, 'ag_gemm').run(0, 0, 0, 0)",
@@ -47,9 +47,10 @@ class CApi(unittest.TestCase):
         self.expect_error("ccfuse_ctypes.TpOp(lib, None, 'ag_gemm').gathered()",
                           "op must be a handle from ccfuse_tp_create, got null")
         self.expect_error("lib._check(lib._dll.ccfuse_tp_gathered(None, None))", "out must not be null")
+        self.expect_error("lib.init_from_comm(None)", "nccl_comm must be a valid ncclComm_t, got null")
 
     def test_moe_entry_points(self):
-        self.expect_error("lib.moe_ffn_create(64, 256, 128, 8, 2)", "no Team: call ccfuse_init_from_env() first")
+        self.expect_error("lib.moe_ffn_create(64, 256, 128, 8, 2)", "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
         self.expect_error("lib._check(lib._dll.ccfuse_moe_ffn_create(64, 256, 128, 8, 2, 1, 2, 0.0, "
                           "ccfuse_ctypes.ctypes.byref(ccfuse_ctypes.ctypes.c_void_p())))",
                           "b_kn 2 must be 0 (weights [.., N, K]) or 1 ([.., K, N])")

@@ -132,9 +132,17 @@ def fake_torch():
         return v
     t.as_tensor = as_tensor
     t.gathers = []  # torch.distributed.all_gather_into_tensor calls
+    t.reduces = []  # torch.distributed.all_reduce calls: (shape, group)
+    t.dist_ready = [True]
     t.distributed = types.SimpleNamespace(
-        get_world_size=lambda: 2,
-        all_gather_into_tensor=lambda out, x: t.gathers.append((out.shape, x.shape)))
+        get_world_size=lambda group=None: 2,
+        all_gather_into_tensor=lambda out, x, group=None: t.gathers.append((out.shape, x.shape) + (
+            (group,) if group is not None else ())),
+        is_available=lambda: True, is_initialized=lambda: t.dist_ready[0],
+        all_reduce=lambda x, group=None: t.reduces.append((x.shape, group)))
+    t.device = lambda kind, index=0: FakeDevice(kind)
+    t.cuda.current_device = lambda: 0
+    t.zeros = lambda *shape, **kw: FakeTensor(shape, kw.get("dtype", "float32"))
     return t
 
 
@@ -382,6 +390,57 @@ class TorchOps(unittest.TestCase):
         n = len(log)
         cf.gemm_rs(a, b, out=self.bf16(512, 2048))
         self.assertEqual(log[n][0:2], ("run", ("gemm_rs", 1024, 2048, 1024)))
+
+    def test_init_on_a_process_group(self):
+        # init(process_group=g): the Team on g's NCCL communicator (borrowed), the backward's torch
+        # collectives on g too; errors for what cannot be borrowed
+        cf, torch = self.cf, sys.modules["torch"]
+        cf._lib = None
+        libs = []
+
+        class Lib(FakeLib):
+            def init_from_comm(self, ptr):
+                self.log.append(("init_from_comm", ptr))
+
+            def init_from_env(self):
+                self.log.append(("init_from_env",))
+        cf.Ccfuse = lambda path=None: libs.append(Lib(2)) or libs[-1]
+
+        class Backend:
+            def __init__(self, ptr):
+                self.ptr = ptr
+
+            def _comm_ptr(self):
+                return self.ptr
+
+        class Group:
+            def __init__(self, backend):
+                self.backend = backend
+
+            def _get_backend(self, dev):
+                return self.backend
+        torch.dist_ready[0] = False
+        self.error(lambda: cf.init(process_group=Group(Backend(7))),
+                   "process_group: torch.distributed is not initialised (dist.init_process_group first)")
+        torch.dist_ready[0] = True
+        self.error(lambda: cf.init(process_group=Group(object())),
+                   "process_group must be an NCCL group (its backend object has no NCCL communicator)")
+        self.error(lambda: cf.init(process_group=Group(Backend(0))),
+                   "process_group: its NCCL communicator on cuda does not exist")
+        tp = Group(Backend(0x7f00))
+        self.assertEqual(cf.init(process_group=tp), 2)
+        self.assertEqual(libs[-1].log, [("init_from_comm", 0x7f00)])
+        self.assertEqual(torch.reduces[-1], ((1,), tp))  # the communicator made to exist first
+        self.assertEqual(cf.init(process_group=tp), 2)  # the same group again: nothing new
+        self.error(lambda: cf.init(), "init: ccfuse's Team exists already on another group: call finalize() first")
+        cf._all_gather_rows(self.bf16(64, 128))
+        self.assertEqual(torch.gathers[-1], ((128, 128), (64, 128), tp))
+        cf.finalize()
+        self.assertEqual((cf._lib, cf._group), (None, None))
+        cf.init()
+        self.assertEqual(libs[-1].log, [("init_from_env",)])
+        cf._all_gather_rows(self.bf16(64, 128))
+        self.assertEqual(torch.gathers[-1], ((128, 128), (64, 128)))
 
     def test_moe(self):
         cf, log = self.cf, self.lib.log
