@@ -10,8 +10,9 @@ reference (all tokens through all experts, fp32, torch autograd; loss = sum over
 relative error (norm) <= 2e-2 (bf16 kernels; the weight gradients sum over all ranks' rows).
 Cases: uniform top-2, ragged tokens per rank with dropped slots, every token's first slot on one
 expert (the other experts mostly empty), top-8 of 16 experts, a rank with no tokens (W > 1).
+Each case with each --backward mode (unfused: ccfuse.moe_grad; fused: ccfuse's MoeFfnBackward).
 Then the timing (CUDA events, interleaved rounds, medians) on a Qwen3-30B-A3B-like layer (H 2048,
-F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward; at W = 1 also
+F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward per mode; at W = 1 also
 a pure torch layer (sort, torch._grouped_mm, SwiGLU, index_add; torch autograd) for scale.
 --inject-fault scales one row of d x after the backward: the check must then fail (exit 1).
 """
@@ -97,6 +98,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--inject-fault", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--backward", default="unfused,fused", help="MoeFfn backward modes to check (comma-separated)")
     ap.add_argument("--borrow-comm", action="store_true",
                     help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
     args = ap.parse_args()
@@ -121,7 +123,11 @@ def main():
     ]
     if world > 1:
         cases.append(("rank0_no_tokens", 8, 2, [0] + [200] * (world - 1), 512, 256, "uniform", 0.0))
-    for ci, (name, experts, topk, tokens, h, f, routing, drop) in enumerate(cases):
+    modes = args.backward.split(",")
+    for ci, (name, experts, topk, tokens, h, f, routing, drop) in enumerate(
+            [c for c in cases for _ in modes]):
+        mode = modes[ci % len(modes)]
+        ci //= len(modes)
         e_local = experts // world
         xs, ids, ws, gs, w1, w2 = make_inputs(world, experts, topk, tokens, h, f, routing, drop, 100 + ci, dev)
         mine = slice(rank * e_local, (rank + 1) * e_local)
@@ -129,7 +135,7 @@ def main():
         p2 = w2[mine].clone().requires_grad_()
         x = xs[rank].clone().requires_grad_()
         wt = ws[rank].clone().requires_grad_()
-        ffn = cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max(max(tokens), 1))
+        ffn = cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max(max(tokens), 1), backward=mode)
         y = ffn(x, ids[rank], wt)
         y.backward(gs[rank])
         if args.inject_fault and ci == 0 and x.grad.shape[0]:
@@ -148,10 +154,10 @@ def main():
         ok = all(v <= 2e-2 for v in errs.values()) and dropped_ok
         ffn.close()
         failures += 0 if ok else 1
-        rec = {**meta, "case": name, "experts": experts, "topk": topk, "tokens": tokens[rank], "hidden": h, "ffn": f,
+        rec = {**meta, "case": name, "backward": mode, "experts": experts, "topk": topk, "tokens": tokens[rank], "hidden": h, "ffn": f,
                **{"rel_err_" + k: v for k, v in errs.items()}, "dropped_grad_zero": dropped_ok, "ok": ok}
         records.append(rec)
-        print("rank %d %-16s %s %s" % (rank, name, " ".join("%s %.1e" % kv for kv in errs.items()),
+        print("rank %d %-16s %-7s %s %s" % (rank, name, mode, " ".join("%s %.1e" % kv for kv in errs.items()),
                                        "ok" if ok else "FAIL"), flush=True)
 
     if not args.no_timing and not args.inject_fault:
@@ -161,16 +167,18 @@ def main():
         mine = slice(rank * e_local, (rank + 1) * e_local)
         p1, p2 = w1[mine].clone().requires_grad_(), w2[mine].clone().requires_grad_()
         x, wt = xs[rank].clone().requires_grad_(), ws[rank].clone().requires_grad_()
-        ffn = cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=t)
+        ffns = {mode: cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=t, backward=mode) for mode in modes}
 
         def fwd():
             with torch.no_grad():
-                ffn(x, ids[rank], wt)
+                ffns[modes[0]](x, ids[rank], wt)
 
-        def fwd_bwd():
-            x.grad = wt.grad = p1.grad = p2.grad = None
-            ffn(x, ids[rank], wt).backward(gs[rank])
-        fns = {"ccfuse_fwd": fwd, "ccfuse_fwd_bwd": fwd_bwd}
+        def fwd_bwd(mode):
+            def run():
+                x.grad = wt.grad = p1.grad = p2.grad = None
+                ffns[mode](x, ids[rank], wt).backward(gs[rank])
+            return run
+        fns = {"ccfuse_fwd": fwd, **{"ccfuse_fwd_bwd_" + mode: fwd_bwd(mode) for mode in modes}}
         if world == 1:
             def t_fwd():
                 with torch.no_grad():
@@ -181,7 +189,8 @@ def main():
                 torch_layer(x, ids[0], wt, p1, p2).backward(gs[0])
             fns.update(torch_fwd=t_fwd, torch_fwd_bwd=t_fwd_bwd)
         ms = time_ms(fns, args.iters, args.warmup)
-        ffn.close()
+        for ffn in ffns.values():
+            ffn.close()
         rec = {**meta, "case": "timing_qwen3_like", "experts": experts, "topk": topk, "tokens": t, "hidden": h,
                "ffn": f, **{"t_%s_ms" % k: v for k, v in ms.items()}, "iters": args.iters}
         records.append(rec)

@@ -72,6 +72,7 @@ extern "C" {
 
 typedef struct ccfuse_tp_op ccfuse_tp_op;
 typedef struct ccfuse_moe_ffn ccfuse_moe_ffn;
+typedef struct ccfuse_moe_ffn_backward ccfuse_moe_ffn_backward;
 
 int ccfuse_init_from_env(void);
 /* The process's Team around an NCCL communicator the caller owns (torch's ProcessGroupNCCL's, a
@@ -98,6 +99,25 @@ int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, c
                        const float* topk_w, const void* w1, const void* w2, void* out, void* stream);
 int ccfuse_moe_ffn_describe(ccfuse_moe_ffn* ffn, const char** out);
 int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn);
+/* The MoE FFN's backward (ccfuse/moe/moe_ffn.h, MoeFfnBackward; collective): with the forward's
+ * arguments and g = d loss / d out [T, H] bf16, writes dx [T, H] bf16 and dtopk_w [T, topk] float
+ * (0 for dropped slots). w1_swiglu_tiles: w1's 2F rows (columns for b_kn = 1) in
+ * ccfuse_swiglu_permutation order (1, as ccfuse_moe_ffn_run takes them) or gate rows then up rows
+ * (0: torch's Linear weights). The weight gradients are left to the caller: operands() gives the
+ * received x rows [max_rows, H], d h [max_rows, 2F] (w1's column order), the received g rows
+ * [max_rows, H], p * a [max_rows, F] (bf16) and the rows per local expert (int32 [E/W], device),
+ * in expert order: d W1_e = d h_e^T x_e, d W2_e = g_e^T (p a)_e (Linear layouts; transposed for
+ * b_kn = 1). They hold this call's rows until the next run on this rank. */
+int ccfuse_moe_ffn_backward_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk,
+                                   int swiglu, int b_kn, int w1_swiglu_tiles, double imbalance,
+                                   ccfuse_moe_ffn_backward** out);
+int ccfuse_moe_ffn_backward_run(ccfuse_moe_ffn_backward* bwd, const void* x, int64_t num_tokens,
+                                const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
+                                const void* g, void* dx, float* dtopk_w, void* stream);
+int ccfuse_moe_ffn_backward_operands(ccfuse_moe_ffn_backward* bwd, const void** x_rows, const void** dh_rows,
+                                     const void** g_rows, const void** pa_rows, const int32_t** expert_rows,
+                                     int64_t* max_rows);
+int ccfuse_moe_ffn_backward_destroy(ccfuse_moe_ffn_backward* bwd);
 int ccfuse_swiglu_permutation(int64_t ffn, int64_t* perm);
 int ccfuse_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, int64_t* bytes);
 int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void* a, const void* b, void* c,

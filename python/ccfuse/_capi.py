@@ -68,6 +68,28 @@ class MoeFfn:
             self._h = None
 
 
+class MoeFfnBackward:
+    def __init__(self, lib, handle):
+        self._lib, self._h = lib, handle
+
+    def run(self, x, num_tokens, topk_ids, topk_w, w1, w2, g, dx, dtopk_w, stream):
+        self._lib._check(self._lib._dll.ccfuse_moe_ffn_backward_run(self._h, x, num_tokens, topk_ids, topk_w, w1, w2,
+                                                                    g, dx, dtopk_w, stream))
+
+    def operands(self):
+        """(x_rows, dh_rows, g_rows, pa_rows, expert_rows) device addresses and max_rows."""
+        ptrs = [ctypes.c_void_p() for _ in range(5)]
+        rows = ctypes.c_int64()
+        self._lib._check(self._lib._dll.ccfuse_moe_ffn_backward_operands(self._h, *[ctypes.byref(p) for p in ptrs],
+                                                                         ctypes.byref(rows)))
+        return tuple(p.value for p in ptrs) + (rows.value,)
+
+    def close(self):
+        if self._h:
+            self._lib._check(self._lib._dll.ccfuse_moe_ffn_backward_destroy(self._h))
+            self._h = None
+
+
 class Ccfuse:
     def __init__(self, path=None):
         if not path and not os.environ.get("CCFUSE_C_LIB"):
@@ -94,6 +116,11 @@ class Ccfuse:
         d.ccfuse_moe_ffn_run.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp]
         d.ccfuse_moe_ffn_describe.argtypes = [vp, ctypes.POINTER(ctypes.c_char_p)]
         d.ccfuse_moe_ffn_destroy.argtypes = [vp]
+        d.ccfuse_moe_ffn_backward_create.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                                     ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.POINTER(vp)]
+        d.ccfuse_moe_ffn_backward_run.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp, vp, vp]
+        d.ccfuse_moe_ffn_backward_operands.argtypes = [vp] + [ctypes.POINTER(vp)] * 5 + [ctypes.POINTER(i64)]
+        d.ccfuse_moe_ffn_backward_destroy.argtypes = [vp]
         d.ccfuse_swiglu_permutation.argtypes = [i64, ctypes.POINTER(i64)]
         d.ccfuse_gemm_workspace_bytes.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(i64)]
         d.ccfuse_gemm.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp, vp]
@@ -131,6 +158,15 @@ class Ccfuse:
         self._check(self._dll.ccfuse_moe_ffn_create(max_tokens, hidden, ffn, num_experts, topk, 1 if swiglu else 0,
                                                     1 if b_kn else 0, float(imbalance), ctypes.byref(h)))
         return MoeFfn(self, h)
+
+    def moe_ffn_backward_create(self, max_tokens, hidden, ffn, num_experts, topk, swiglu=True, b_kn=False,
+                                w1_swiglu_tiles=False, imbalance=0.0):
+        h = ctypes.c_void_p()
+        self._check(self._dll.ccfuse_moe_ffn_backward_create(max_tokens, hidden, ffn, num_experts, topk,
+                                                             1 if swiglu else 0, 1 if b_kn else 0,
+                                                             1 if w1_swiglu_tiles else 0, float(imbalance),
+                                                             ctypes.byref(h)))
+        return MoeFfnBackward(self, h)
 
     def swiglu_permutation(self, ffn):
         """perm[i] = the row of [gate rows | up rows] (2F) that becomes row i of MoeFfn's w1."""

@@ -195,8 +195,8 @@ def _tp_run(op, a, b, b_is_weight, out=None, return_gathered=False):
 class _CudaArray:
     """A device address as __cuda_array_interface__ (int16 elements: the interface has no bfloat16)."""
 
-    def __init__(self, ptr, shape):
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<i2", "data": (ptr, False),
+    def __init__(self, ptr, shape, typestr="<i2"):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
                                          "version": 2}
 
 
@@ -608,14 +608,19 @@ class MoeFfn:
     [E/W, H, F]. W1 is permuted once into ccfuse's SwiGLU tile order here. imbalance: the routing
     skew hint for the MoE tuner (most rows a rank receives / the mean; 0 = unknown).
     __call__(x [T, H] bf16, topk_ids [T, k] int32 (-1 = dropped), topk_w [T, k] float32) -> [T, H].
-    Autograd (x, topk_w, w1, w2; eager mode): the fused forward, then a recomputed, unfused backward
-    (ccfuse.moe_grad: torch.distributed all-to-alls and grouped GEMMs; one host sync). w1's
+    Autograd (x, topk_w, w1, w2; eager mode): the fused forward, then backward="unfused" (default:
+    ccfuse.moe_grad, torch.distributed all-to-alls and grouped GEMMs; one host sync) or "fused"
+    (ccfuse's MoeFfnBackward: the forward's fused layers with their roles swapped, no host sync;
+    the weight gradients by torch._grouped_mm; not measured on GPUs yet). w1's
     permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
     counter; after writes through w1.data call refresh_weights().
     """
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0):
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="unfused"):
         lib = _need_lib()
+        if backward not in ("unfused", "fused"):
+            raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
+                             "got %r" % (backward,))
         _check("w1", w1, 3)
         _check("w2", w2, 3)
         e_local, two_f, h = w1.shape
@@ -632,6 +637,9 @@ class MoeFfn:
         self._w1_version = getattr(w1, "_version", None)
         self.w2 = w2
         self.hidden, self.topk, self.max_tokens, self.num_experts = h, topk, max_tokens, num_experts
+        self.ffn, self.imbalance, self.backward = f, imbalance, backward
+        self._bwd = None  # the fused backward's handle, made at its first use (collective: every rank's
+        #                   first backward, as every rank runs the same layers)
         self._ffn = lib.moe_ffn_create(max_tokens, h, f, num_experts, topk, swiglu=True, b_kn=False,
                                        imbalance=imbalance)
         # torch.ops.ccfuse.moe_ffn finds this layer by its number (a custom op takes no objects)
@@ -691,11 +699,34 @@ class MoeFfn:
         out.copy_(y)
         return out
 
+    def _fused_backward(self, x, topk_ids, topk_w, g, w1, w2):
+        """ccfuse's MoeFfnBackward for d x and d topk_w; the weight gradients by torch._grouped_mm
+        over its operands (the received rows, per local expert), on the same stream."""
+        if self._bwd is None:
+            self._bwd = _need_lib().moe_ffn_backward_create(self.max_tokens, self.hidden, self.ffn, self.num_experts,
+                                                            self.topk, swiglu=True, b_kn=False, w1_swiglu_tiles=False,
+                                                            imbalance=self.imbalance)
+        t = x.shape[0]
+        dx = torch.empty_like(x)
+        dw = torch.empty((t, self.topk), dtype=torch.float32, device=x.device)
+        self._bwd.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), w1.data_ptr(), w2.data_ptr(),
+                      g.data_ptr(), dx.data_ptr(), dw.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+        xr, dh, gr, pa, rows, max_rows = self._bwd.operands()
+        e_local, h, f = w1.shape[0], self.hidden, self.ffn
+        counts = torch.as_tensor(_CudaArray(rows, (e_local,), "<i4"), device=x.device)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        dw1 = torch._grouped_mm(_device_view(dh, (max_rows, 2 * f), x).t(), _device_view(xr, (max_rows, h), x), offs=offs)
+        dw2 = torch._grouped_mm(_device_view(gr, (max_rows, h), x).t(), _device_view(pa, (max_rows, f), x), offs=offs)
+        return dx, dw, dw1, dw2
+
     def close(self):
         _moe_ffns.pop(self._handle, None)
         if self._ffn is not None:
             self._ffn.close()
             self._ffn = None
+        if self._bwd is not None:
+            self._bwd.close()
+            self._bwd = None
 
 
 class _MoeFfnFn(torch.autograd.Function):
@@ -715,6 +746,11 @@ class _MoeFfnFn(torch.autograd.Function):
         ffn = _moe_ffns.get(int(ctx.key))
         if ffn is None:
             raise ValueError("MoeFfn backward: the layer was closed after its forward")
+        need = ctx.needs_input_grad
+        if ffn.backward == "fused":
+            dx, dw, dw1, dw2 = ffn._fused_backward(x, topk_ids, topk_w, g.contiguous(), w1.contiguous(), w2.contiguous())
+            return (dx if need[0] else None, dw if need[1] else None, dw1 if need[2] else None,
+                    dw2 if need[3] else None, None, None)
         if _need_lib().world_size() > 1:
             import torch.distributed as dist
             if not (dist.is_available() and dist.is_initialized()):
@@ -725,7 +761,6 @@ class _MoeFfnFn(torch.autograd.Function):
             exchange = moe_grad.LocalExchange()
         dx, dw, dw1, dw2 = moe_grad.backward(x, topk_ids, topk_w, g.contiguous(), w1, w2, ffn.num_experts,
                                              exchange, gmm=_moe_gmm)
-        need = ctx.needs_input_grad
         return (dx if need[0] else None, dw if need[1] else None, dw1 if need[2] else None,
                 dw2 if need[3] else None, None, None)
 

@@ -33,6 +33,10 @@ struct ccfuse_moe_ffn {
   std::string description;
 };
 
+struct ccfuse_moe_ffn_backward {
+  std::unique_ptr<ccfuse::moe::MoeFfnBackward> bwd;
+};
+
 namespace {
 
 thread_local std::string last_error;
@@ -205,43 +209,109 @@ int ccfuse_tp_destroy(ccfuse_tp_op* op) {
   return guarded([&] { delete op; });
 }
 
+namespace {
+// The MoE FFN's desc and the tuner's config for it (docs/moe-tuner.md; the tuner also checks the
+// arguments), for the forward and the backward alike.
+struct MoeSetup {
+  ccfuse::moe::MoeFfnDesc desc;
+  ccfuse::moe::MoeFfnConfig config;
+  ccfuse::moe::MoeChoice choice;
+};
+void check_moe_codes(int swiglu, int b_kn) {  // before the Team is looked up: these errors come first
+  CCFUSE_ARG_CHECK(swiglu == 0 || swiglu == 1, "swiglu ", swiglu, " must be 0 or 1");
+  CCFUSE_ARG_CHECK(b_kn == 0 || b_kn == 1, "b_kn ", b_kn, " must be 0 (weights [.., N, K]) or 1 ([.., K, N])");
+}
+MoeSetup moe_setup(const ccfuse::comm::Team& t, int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts,
+                   int topk, int swiglu, int b_kn, double imbalance) {
+  ccfuse::moe::MoeProblem p;
+  p.world_size = t.world_size();
+  p.num_experts = num_experts;
+  p.topk = topk;
+  p.tokens_per_rank = max_tokens;
+  p.hidden = hidden;
+  p.ffn = ffn;
+  p.imbalance = imbalance;
+  MoeSetup m;
+  m.choice = ccfuse::moe::choose_moe_config(p);
+  ccfuse::moe::MoeFfnDesc& d = m.desc;
+  d.max_tokens = max_tokens;
+  d.hidden = hidden;
+  d.ffn = ffn;
+  d.num_experts = num_experts;
+  d.topk = topk;
+  d.swiglu = swiglu != 0;
+  d.b_layout = b_kn ? ccfuse::gemm::BLayout::kKN : ccfuse::gemm::BLayout::kNK;
+  ccfuse::moe::MoeFfnConfig& cfg = m.config;
+  cfg.combine = m.choice.combine == "presum" ? ccfuse::moe::MoeCombine::kPresum : ccfuse::moe::MoeCombine::kPerSlot;
+  cfg.interleave_sends = m.choice.send_order == "interleaved";
+  cfg.striped_dispatch = m.choice.striped_dispatch ? 1 : 0;
+  cfg.stripe_rows = m.choice.stripe_rows;
+  // local_first stays -1: chosen per call from its token count (moe::auto_local_first).
+  return m;
+}
+}  // namespace
+
 int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk, int swiglu,
                           int b_kn, double imbalance, ccfuse_moe_ffn** out) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
     *out = nullptr;
-    CCFUSE_ARG_CHECK(swiglu == 0 || swiglu == 1, "swiglu ", swiglu, " must be 0 or 1");
-    CCFUSE_ARG_CHECK(b_kn == 0 || b_kn == 1, "b_kn ", b_kn, " must be 0 (weights [.., N, K]) or 1 ([.., K, N])");
+    check_moe_codes(swiglu, b_kn);
     ccfuse::comm::Team& t = the_team();
-    // The tuner's choice for this problem (docs/moe-tuner.md); it also checks the arguments.
-    ccfuse::moe::MoeProblem p;
-    p.world_size = t.world_size();
-    p.num_experts = num_experts;
-    p.topk = topk;
-    p.tokens_per_rank = max_tokens;
-    p.hidden = hidden;
-    p.ffn = ffn;
-    p.imbalance = imbalance;
-    const ccfuse::moe::MoeChoice choice = ccfuse::moe::choose_moe_config(p);
-    ccfuse::moe::MoeFfnDesc d;
-    d.max_tokens = max_tokens;
-    d.hidden = hidden;
-    d.ffn = ffn;
-    d.num_experts = num_experts;
-    d.topk = topk;
-    d.swiglu = swiglu != 0;
-    d.b_layout = b_kn ? ccfuse::gemm::BLayout::kKN : ccfuse::gemm::BLayout::kNK;
-    ccfuse::moe::MoeFfnConfig cfg;
-    cfg.combine = choice.combine == "presum" ? ccfuse::moe::MoeCombine::kPresum : ccfuse::moe::MoeCombine::kPerSlot;
-    cfg.interleave_sends = choice.send_order == "interleaved";
-    cfg.striped_dispatch = choice.striped_dispatch ? 1 : 0;
-    cfg.stripe_rows = choice.stripe_rows;
-    // local_first stays -1: chosen per call from its token count (moe::auto_local_first).
+    const MoeSetup m = moe_setup(t, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance);
     auto h = std::make_unique<ccfuse_moe_ffn>();
-    h->ffn = std::make_unique<ccfuse::moe::MoeFfn>(t, d, cfg);
-    h->description = h->ffn->describe() + "; tuner: " + ccfuse::moe::to_string(choice);
+    h->ffn = std::make_unique<ccfuse::moe::MoeFfn>(t, m.desc, m.config);
+    h->description = h->ffn->describe() + "; tuner: " + ccfuse::moe::to_string(m.choice);
     *out = h.release();
   });
+}
+
+int ccfuse_moe_ffn_backward_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk,
+                                   int swiglu, int b_kn, int w1_swiglu_tiles, double imbalance,
+                                   ccfuse_moe_ffn_backward** out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
+    *out = nullptr;
+    CCFUSE_ARG_CHECK(w1_swiglu_tiles == 0 || w1_swiglu_tiles == 1, "w1_swiglu_tiles ", w1_swiglu_tiles,
+                     " must be 0 (gate rows, then up rows) or 1 (ccfuse_swiglu_permutation order)");
+    check_moe_codes(swiglu, b_kn);
+    ccfuse::comm::Team& t = the_team();
+    const MoeSetup m = moe_setup(t, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance);
+    auto h = std::make_unique<ccfuse_moe_ffn_backward>();
+    h->bwd = std::make_unique<ccfuse::moe::MoeFfnBackward>(t, m.desc, w1_swiglu_tiles != 0, m.config);
+    *out = h.release();
+  });
+}
+
+int ccfuse_moe_ffn_backward_run(ccfuse_moe_ffn_backward* bwd, const void* x, int64_t num_tokens,
+                                const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
+                                const void* g, void* dx, float* dtopk_w, void* stream) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(bwd != nullptr, "bwd must be a handle from ccfuse_moe_ffn_backward_create, got null");
+    bwd->bwd->run(x, num_tokens, topk_ids, topk_w, w1, w2, g, dx, dtopk_w, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int ccfuse_moe_ffn_backward_operands(ccfuse_moe_ffn_backward* bwd, const void** x_rows, const void** dh_rows,
+                                     const void** g_rows, const void** pa_rows, const int32_t** expert_rows,
+                                     int64_t* max_rows) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(bwd != nullptr, "bwd must be a handle from ccfuse_moe_ffn_backward_create, got null");
+    CCFUSE_ARG_CHECK(x_rows != nullptr && dh_rows != nullptr && g_rows != nullptr && pa_rows != nullptr &&
+                         expert_rows != nullptr && max_rows != nullptr,
+                     "the output pointers must not be null");
+    const ccfuse::moe::MoeWgradOperands o = bwd->bwd->wgrad_operands();
+    *x_rows = o.x_rows;
+    *dh_rows = o.dh_rows;
+    *g_rows = o.g_rows;
+    *pa_rows = o.pa_rows;
+    *expert_rows = o.expert_rows;
+    *max_rows = o.max_rows;
+  });
+}
+
+int ccfuse_moe_ffn_backward_destroy(ccfuse_moe_ffn_backward* bwd) {
+  return guarded([&] { delete bwd; });
 }
 
 int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,

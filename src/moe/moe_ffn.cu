@@ -1291,6 +1291,7 @@ struct MoeFfn::State {
     cudaFree(y);
   }
   int64_t l0_cols() const { return desc.swiglu ? 2 * desc.ffn : desc.ffn; }
+  bool l1_nk() const { return desc.l1_b_layout.value_or(desc.b_layout) == gemm::BLayout::kNK; }
   // Either layer's grouped schedule over the local experts (rows from the exchange kernel).
   gemm::sm90::GroupedSchedule grouped_schedule(int n_tiles, const int* tile_prefix) const {
     gemm::sm90::GroupedSchedule g;
@@ -1523,6 +1524,11 @@ internal::PlanArrays internal::derive_plan_for_test(int world, int rank, int exp
 
 const int32_t* MoeFfn::expert_rows_device() const { return s_->plan.group_rows; }
 const void* MoeFfn::layer0_output() const { return s_->h1; }
+const void* MoeFfn::layer0_input() const { return s_->recv->local(); }
+MoeFfn::Layer0View MoeFfn::layer0_view() const {
+  return {s_->h1, static_cast<const int32_t*>(s_->row_src->local()), static_cast<const float*>(s_->row_w->local()),
+          s_->plan.row_prefix, s_->geo.epr};
+}
 int64_t MoeFfn::max_rows() const { return s_->max_rows; }
 
 std::string MoeFfn::describe() const {
@@ -1558,6 +1564,7 @@ std::string MoeFfn::describe() const {
                                                                           : ""))
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
+  if (d.l1_b_layout.has_value() && *d.l1_b_layout != d.b_layout) os << " b1=" << gemm::b_layout_name(*d.l1_b_layout);
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
@@ -1839,7 +1846,7 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     epi.scale = static_cast<const float*>(s.row_w->local());
     epi.slice = slice;
     epi.slice_done = s.slice_done;
-    launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y,
+    launch_layer(s.l1_nk(), s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y,
                  d.hidden, ssched, epi, sms_all, s.geo.epr, stream);
     CCFUSE_CUDA_CHECK_LAUNCH();
     if (diag_gemm_only) return;
@@ -1872,10 +1879,10 @@ void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool g
   epi.scale = static_cast<const float*>(s.row_w->local());
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : dev_sms;
   if (s.l1_pp) {
-    launch_layer_pingpong(d.b_layout == gemm::BLayout::kNK, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden,
+    launch_layer_pingpong(s.l1_nk(), s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden,
                           sched, epi, sms, s.geo.epr, stream);
   } else {
-    launch_layer(d.b_layout == gemm::BLayout::kNK, s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y,
+    launch_layer(s.l1_nk(), s.cfg.tma_store, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y,
                  d.hidden, sched, epi, sms, s.geo.epr, stream);
   }
   CCFUSE_CUDA_CHECK_LAUNCH();
@@ -1920,7 +1927,7 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   epi.diag_no_send = diag != nullptr && std::strstr(diag, "l1nosend") != nullptr;
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
-  launch_layer(d.b_layout == gemm::BLayout::kNK, false, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched,
+  launch_layer(s.l1_nk(), false, s.max_rows, d.hidden, d.ffn, s.h1, w2, s.y, d.hidden, sched,
                epi, sms, s.geo.epr, stream);
   CCFUSE_CUDA_CHECK_LAUNCH();
   int dev_sms = gemm::current_device_sms();

@@ -56,6 +56,15 @@ class CApi(unittest.TestCase):
                           "b_kn 2 must be 0 (weights [.., N, K]) or 1 ([.., K, N])")
         self.expect_error("ccfuse_ctypes.MoeFfn(lib, None).run(0, 0, 0, 0, 0, 0, 0, 0)",
                           "ffn must be a handle from ccfuse_moe_ffn_create, got null")
+        self.expect_error("lib.moe_ffn_backward_create(64, 256, 128, 8, 2)",
+                          "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
+        self.expect_error("lib._check(lib._dll.ccfuse_moe_ffn_backward_create(64, 256, 128, 8, 2, 1, 0, 2, 0.0, "
+                          "ccfuse_ctypes.ctypes.byref(ccfuse_ctypes.ctypes.c_void_p())))",
+                          "w1_swiglu_tiles 2 must be 0 (gate rows, then up rows) or 1 (ccfuse_swiglu_permutation order)")
+        self.expect_error("ccfuse_ctypes.MoeFfnBackward(lib, None).run(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)",
+                          "bwd must be a handle from ccfuse_moe_ffn_backward_create, got null")
+        self.expect_error("ccfuse_ctypes.MoeFfnBackward(lib, None).operands()",
+                          "bwd must be a handle from ccfuse_moe_ffn_backward_create, got null")
         self.expect_error("lib.swiglu_permutation(100)", "ffn 100 must be a positive multiple of 128 (SwiGLU tiles)")
         # the permutation itself: per 256-row tile, 128 gate rows then the 128 matching up rows
         r = self.run_child("p = lib.swiglu_permutation(256)\nprint(p[0], p[127], p[128], p[255], p[256], p[384], len(p))\n")

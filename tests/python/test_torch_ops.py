@@ -124,6 +124,7 @@ def fake_torch():
     t._grouped_mm = grouped_mm_2d2d
     t.cumsum = lambda x, dim, dtype=None: FakeTensor(x.shape, dtype or x.dtype)
     t.zeros_like = lambda x: FakeTensor(x.shape, x.dtype)
+    t.empty_like = lambda x: FakeTensor(x.shape, x.dtype)
 
     def as_tensor(obj, device=None):
         cai = obj.__cuda_array_interface__
@@ -178,6 +179,21 @@ class FakeLib:
     def moe_ffn_create(self, *args, **kw):
         self.log.append(("moe_create",) + args + tuple(sorted(kw.items())))
         return FakeOp(self.log, "moe")
+
+    def moe_ffn_backward_create(self, *args, **kw):
+        self.log.append(("moe_bwd_create",) + args + tuple(sorted(kw.items())))
+        log = self.log
+
+        class Bwd:
+            def run(self, *a):
+                log.append(("moe_bwd_run",) + a[:2])
+
+            def operands(self):
+                return (1 << 30, 2 << 30, 3 << 30, 4 << 30, 5 << 30, 640)
+
+            def close(self):
+                log.append(("moe_bwd_close",))
+        return Bwd()
 
     def swiglu_permutation(self, f):
         return list(range(2 * f))
@@ -473,6 +489,26 @@ class TorchOps(unittest.TestCase):
                    "out= is not supported when an input requires grad (autograd needs a fresh output)")
         self.error(lambda: moe(self.bf16(64, 256), ids, wg), "x must be [T, 512], got (64, 256)")
         torch = sys.modules["torch"]
+        # backward="fused": ccfuse's MoeFfnBackward (made at the first backward), then the weight
+        # gradients by torch._grouped_mm over its operands (max_rows 640 here)
+        self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, backward="fast"),
+                   "backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), got 'fast'")
+        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused")
+        y = fused(x, ids, wg)
+        fn, ctx = y.grad_fn
+        n = len(log)
+        torch.grouped_mms.clear()
+        dx, dw, dw1, dw2, none1, none2 = fn.backward(ctx, self.bf16(64, 512))
+        self.assertEqual(log[n], ("moe_bwd_create", 100, 512, 128, 8, 2, ("b_kn", False), ("imbalance", 0.0),
+                                  ("swiglu", True), ("w1_swiglu_tiles", False)))
+        self.assertEqual(log[n + 1], ("moe_bwd_run", x.data_ptr(), 64))
+        self.assertEqual((dx.shape, dw.shape, dw.dtype), ((64, 512), (64, 2), "float32"))
+        self.assertEqual(torch.grouped_mms, [((256, 640), (640, 512), (4,)), ((512, 640), (640, 128), (4,))])
+        self.assertEqual((dw1.shape, dw2.shape, none1, none2), ((4, 256, 512), (4, 512, 128), None, None))
+        fn.backward(ctx, self.bf16(64, 512))  # the handle is made once
+        self.assertEqual([e[0] for e in log[n:]].count("moe_bwd_create"), 1)
+        fused.close()
+        self.assertEqual(log[-1], ("moe_bwd_close",))
         torch.compiler = types.SimpleNamespace(is_compiling=lambda: True)
         try:
             self.error(lambda: moe(x, ids, wg), "MoeFfn's backward runs in eager mode only (its all-to-all sizes sync "

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ struct MoeFfnDesc {
   bool swiglu = true;
   DType dtype = DType::kBFloat16;  // bf16 only in v1
   gemm::BLayout b_layout = gemm::BLayout::kKN;
+  // Layer 1's B layout where it differs from layer 0's (MoeFfnBackward reads W1 [E, 2F, H] as
+  // layer 0's [N, K] and as layer 1's [K, N]); unset: b_layout.
+  std::optional<gemm::BLayout> l1_b_layout;
 };
 
 // How layer 1 returns rows to their tokens' owners (docs/moe-layers.md):
@@ -195,10 +199,23 @@ class MoeFfn {
   const int32_t* expert_rows_device() const;
   const void* layer0_output() const;
   int64_t max_rows() const;
+  // The rows layer 0 received, [max_rows, H] (device, bf16), in the same receive order.
+  const void* layer0_input() const;
 
   std::string describe() const;  // "moe_ffn v1 dispatch=alltoall ..."
 
  private:
+  friend class MoeFfnBackward;
+  // Layer 0's state after a call, for MoeFfnBackward: its output (writable), each received row's
+  // (source rank, entry) pair and router weight, the rows' prefix per local expert (device).
+  struct Layer0View {
+    void* out;
+    const int32_t* row_src;  // [max_rows][2]
+    const float* row_w;      // [max_rows]
+    const int64_t* row_prefix;  // [groups + 1]
+    int groups;
+  };
+  Layer0View layer0_view() const;
   struct State;
   std::unique_ptr<State> s_;
   void run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out,
@@ -206,6 +223,55 @@ class MoeFfn {
   // direct_out (W = 1): the pre-sum writes the num_tokens output rows itself, no flags, no combine.
   void run_layer1_presum_after(const void* w2, cudaStream_t stream, bool gemm_only, void* direct_out = nullptr,
                                int64_t num_tokens = 0);
+};
+
+// The MoE FFN's backward (docs/moe-layers.md, "The backward pass"), v0: the forward's fused
+// layers re-used with their roles swapped, activations recomputed (the forward keeps nothing).
+// Per rank, for its tokens, with the forward's inputs (x, topk_ids, topk_w, w1, w2: as MoeFfn::run
+// takes them, same desc) and g = d loss / d out [T, H] bf16:
+//   1. layer 0 of an FFN with N = 2F and no activation: x's rows to their experts' owners (the
+//      forward's dispatch, router weights 1) and h = x W1 (gate, up) per expert;
+//   2. layer 0 of an FFN with N = F and W2's transpose: g's rows to the same owners, u = g W2^T;
+//   3. one kernel per received row: a = silu(gate) * up (rounded to bf16, as the forward),
+//      d topk_w = <u, a>, d h = SwiGLU'(h, p u) (in place of h), p a (in place of u);
+//   4. layer 1 of the first FFN with W1's transpose and weights 1: d x = sum over slots of
+//      d h W1^T, combined at the tokens' owners as the forward's output is;
+//   5. d topk_w to the tokens' owners (one float per slot over NVLink, two barriers).
+// No host synchronisation. The weight gradients are per-expert GEMMs over the received rows (K
+// varies per expert: d W1_e = d h_e^T x_e, d W2_e = g_e^T (p a)_e, or their transposes for kKN
+// weights), which the engine has no form for yet: wgrad_operands() gives their operands, valid
+// until the next run on this rank (enqueue their GEMMs on the same stream before it; PyTorch's
+// torch._grouped_mm takes them as they are: docs/integration.md).
+struct MoeWgradOperands {
+  const void* x_rows = nullptr;    // [max_rows, H] bf16: the received x rows
+  const void* dh_rows = nullptr;   // [max_rows, 2F] (F without SwiGLU) bf16: d h, w1's column order
+  const void* g_rows = nullptr;    // [max_rows, H] bf16: the received g rows
+  const void* pa_rows = nullptr;   // [max_rows, F] bf16: p * a
+  const int32_t* expert_rows = nullptr;  // [E_local] int32 on the device: rows per local expert, in order
+  int64_t max_rows = 0;
+};
+
+class MoeFfnBackward {
+ public:
+  // Collective (three MoeFfn's worth of symmetric buffers less one layer 1: ~2x the forward's).
+  // desc as the forward's MoeFfn. w1_swiglu_tiles: w1's 2F rows (columns for kKN) in
+  // gemm::swiglu_column_permutation order, as MoeFfn::run takes them with SwiGLU (true), or gate
+  // rows then up rows (false: torch's Linear weights; the gradients come in the same order).
+  // Throws InvalidArgument as MoeFfn does.
+  MoeFfnBackward(comm::Team& team, const MoeFfnDesc& desc, bool w1_swiglu_tiles, MoeFfnConfig config = {});
+  ~MoeFfnBackward();
+  MoeFfnBackward(const MoeFfnBackward&) = delete;
+  MoeFfnBackward& operator=(const MoeFfnBackward&) = delete;
+
+  // Collective; stream-ordered. dx [T, H] bf16; dtopk_w [T, k] float (0 for dropped slots).
+  // Throws InvalidArgument as MoeFfn::run does, and for dx overlapping g or x.
+  void run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
+           const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream);
+  MoeWgradOperands wgrad_operands() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
 namespace internal {

@@ -1,0 +1,274 @@
+// MoeFfnBackward (ccfuse/moe/moe_ffn.h) against the fp64 reference ref::naive_moe_backward, built
+// on the host from exactly the bf16 values uploaded (fresh seed per run, printed): d x and d topk_w
+// (into NaN-poisoned buffers; dropped slots exactly 0), and the weight gradients computed on the
+// host in fp64 from wgrad_operands() (the received rows, d h, p a, rows per expert). W = 1 on one
+// GPU, or every local GPU / the one-GPU world's ranks (CCFUSE_TEST_ONE_GPU_RANKS). A second call
+// back to back must reproduce d x bit for bit.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ccfuse/common/cuda_check.h"
+#include "ccfuse/common/dtype.h"
+#include "ccfuse/common/error.h"
+#include "ccfuse/gemm/gemm.h"
+#include "ccfuse/moe/moe_ffn.h"
+#include "gpu_test_util.h"
+#include "reference/moe_naive.h"
+#include "reference/naive.h"
+
+namespace ccfuse::moe {
+namespace {
+
+using ccfuse::testing::rank_count;
+using ccfuse::testing::rank_devices;
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevPtr = std::unique_ptr<void, CudaFree>;
+
+DevPtr dev_alloc(size_t bytes) {
+  void* p = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+  return DevPtr(p);
+}
+template <typename T>
+DevPtr upload(const std::vector<T>& v) {
+  DevPtr d = dev_alloc(v.size() * sizeof(T));
+  if (!v.empty()) CCFUSE_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) CCFUSE_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+double bf(uint16_t bits) { return bf16{bits}.to_float(); }
+std::vector<double> to_doubles(const std::vector<uint16_t>& bits) {
+  std::vector<double> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = bf(bits[i]);
+  return v;
+}
+
+struct Case {
+  std::string name;
+  int experts = 8, topk = 2;
+  int64_t hidden = 256, ffn = 256;
+  std::vector<int64_t> tokens;  // per rank (cycled)
+  bool swiglu = true, tiles = false;
+  gemm::BLayout layout = gemm::BLayout::kNK;
+  double drop = 0.0;
+  bool one_hot = false;  // slot 0 of every token on expert 1
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  c.push_back({"swiglu_nk_torch_order", 8, 2, 256, 256, {96, 40}, true, false, gemm::BLayout::kNK});
+  c.push_back({"swiglu_kn_tile_order", 8, 2, 256, 256, {64, 80}, true, true, gemm::BLayout::kKN});
+  c.push_back({"swiglu_nk_tile_order_drops", 16, 8, 256, 256, {48, 72}, true, true, gemm::BLayout::kNK, 0.25});
+  c.push_back({"plain_nk", 8, 3, 512, 128, {80, 33}, false, false, gemm::BLayout::kNK, 0.1});
+  c.push_back({"one_hot_expert", 8, 2, 256, 128, {128, 64}, true, false, gemm::BLayout::kNK, 0.0, true});
+  c.push_back({"top1_rank0_empty", 8, 1, 256, 256, {0, 100}, true, false, gemm::BLayout::kNK});
+  return c;
+}
+
+int world_for(int experts) {
+  for (int w = std::min(rank_count(), kMaxMoeRanks); w >= 2; --w)
+    if (experts % w == 0) return w;
+  return 1;
+}
+
+class GpuMoeFfnBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const Case c = GetParam();
+  const int w = world_for(c.experts), el = c.experts / w, k = c.topk;
+  const int64_t h = c.hidden, f = c.ffn, fi = c.swiglu ? 2 * f : f;
+  std::random_device rdev;
+  const uint64_t seed = rdev();
+  const std::string trace = detail::str_cat("seed ", seed, " case ", c.name, " W ", w);
+  SCOPED_TRACE(trace);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> sym(-1.f, 1.f), unit(0.f, 1.f);
+  auto round = [](float v) { return bf16::from_float(v).bits; };
+  // Uploaded column i of W1 is column perm[i] of the reference's [gate | up].
+  std::vector<int64_t> perm(static_cast<size_t>(fi));
+  if (c.tiles) perm = gemm::swiglu_column_permutation(f, 256);
+  else std::iota(perm.begin(), perm.end(), int64_t(0));
+  const bool nk = c.layout == gemm::BLayout::kNK;
+
+  struct Rank {
+    int64_t tokens = 0;
+    std::vector<uint16_t> x, g, w1, w2;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+  };
+  std::vector<Rank> ranks(static_cast<size_t>(w));
+  std::vector<ref::MoeRankInputs> in(static_cast<size_t>(w));
+  std::vector<std::vector<double>> grad_out(static_cast<size_t>(w));
+  int64_t max_tokens = 1;
+  for (int r = 0; r < w; ++r) {
+    Rank& rk = ranks[size_t(r)];
+    rk.tokens = in[size_t(r)].num_tokens = c.tokens[size_t(r) % c.tokens.size()];
+    max_tokens = std::max(max_tokens, rk.tokens);
+    rk.x.resize(size_t(rk.tokens * h));
+    rk.g.resize(size_t(rk.tokens * h));
+    for (auto& v : rk.x) v = round(sym(gen));
+    for (auto& v : rk.g) v = round(sym(gen));
+    for (int64_t t = 0; t < rk.tokens; ++t) {
+      std::vector<int32_t> all(static_cast<size_t>(c.experts));
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), gen);
+      if (c.one_hot) {
+        std::iter_swap(all.begin(), std::find(all.begin(), all.end(), 1));
+      }
+      for (int s = 0; s < k; ++s) {
+        rk.ids.push_back(unit(gen) < c.drop ? -1 : all[size_t(s)]);
+        rk.weights.push_back(float(bf(round(1.f - unit(gen)))));
+      }
+    }
+    std::vector<uint16_t> w1(size_t(el * h * fi)), w2(size_t(el * f * h));  // [E, H, fi], [E, F, H]
+    for (auto& v : w1) v = round(sym(gen) / std::sqrt(float(h)));
+    for (auto& v : w2) v = round(sym(gen) / std::sqrt(float(f)));
+    rk.w1.resize(w1.size());
+    rk.w2.resize(w2.size());
+    for (int64_t e = 0; e < el; ++e) {
+      for (int64_t p = 0; p < h; ++p)
+        for (int64_t i = 0; i < fi; ++i)
+          rk.w1[size_t(nk ? (e * fi + i) * h + p : (e * h + p) * fi + i)] = w1[size_t((e * h + p) * fi + perm[size_t(i)])];
+      for (int64_t j = 0; j < f; ++j)
+        for (int64_t col = 0; col < h; ++col)
+          rk.w2[size_t(nk ? (e * h + col) * f + j : (e * f + j) * h + col)] = w2[size_t((e * f + j) * h + col)];
+    }
+    in[size_t(r)].x = to_doubles(rk.x);
+    in[size_t(r)].topk_ids = rk.ids;
+    in[size_t(r)].topk_weights.assign(rk.weights.begin(), rk.weights.end());
+    in[size_t(r)].w1 = to_doubles(w1);
+    in[size_t(r)].w2 = to_doubles(w2);
+    grad_out[size_t(r)] = to_doubles(rk.g);
+  }
+  ref::MoeShape shape;
+  shape.max_tokens_per_rank = max_tokens;
+  shape.hidden = h;
+  shape.ffn = f;
+  shape.num_experts = c.experts;
+  shape.topk = k;
+  shape.swiglu = c.swiglu;
+  const ref::MoeNaiveGrad want = ref::naive_moe_backward(in, shape, grad_out);
+
+  comm::run_local_world(rank_devices(w), [&](comm::Team& team) {
+    const int r = team.rank();
+    SCOPED_TRACE(detail::str_cat(trace, " rank ", r));
+    const Rank& rk = ranks[size_t(r)];
+    const int64_t t = rk.tokens;
+    MoeFfnDesc d;
+    d.max_tokens = max_tokens;
+    d.hidden = h;
+    d.ffn = f;
+    d.num_experts = c.experts;
+    d.topk = k;
+    d.swiglu = c.swiglu;
+    d.b_layout = c.layout;
+    cudaStream_t s;
+    CCFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const DevPtr x = upload(rk.x), g = upload(rk.g), ids = upload(rk.ids), tw = upload(rk.weights);
+    const DevPtr w1 = upload(rk.w1), w2 = upload(rk.w2);
+    const DevPtr dx = dev_alloc(size_t(t * h) * 2), dtw = dev_alloc(size_t(t * k) * 4);
+    {
+      MoeFfnBackward op(team, d, c.tiles);
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0xff, size_t(t * h) * 2, s));
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(dtw.get(), 0xff, size_t(t * k) * 4, s));
+      op.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1.get(), w2.get(), g.get(),
+             dx.get(), static_cast<float*>(dtw.get()), s);
+      team.synchronize(s);
+      const std::vector<uint16_t> first = download<uint16_t>(dx.get(), size_t(t * h));
+      const std::vector<float> dtw_got = download<float>(dtw.get(), size_t(t * k));
+      if (t > 0) {
+        EXPECT_LE(ref::rel_err(to_doubles(first), want.dx[size_t(r)]), 1e-2) << "dx";
+        EXPECT_LE(ref::rel_err(std::vector<double>(dtw_got.begin(), dtw_got.end()), want.dw[size_t(r)]), 1e-2)
+            << "dtopk_w";
+      }
+      int64_t bad_dropped = 0;
+      for (int64_t i = 0; i < t * k; ++i) bad_dropped += rk.ids[size_t(i)] < 0 && dtw_got[size_t(i)] != 0.f;
+      EXPECT_EQ(bad_dropped, 0) << "dropped slots whose d topk_w is not exactly 0";
+
+      // The weight gradients from the operands, on the host in fp64.
+      const MoeWgradOperands o = op.wgrad_operands();
+      const std::vector<int32_t> rows_e = download<int32_t>(o.expert_rows, size_t(el));
+      const int64_t rows = std::accumulate(rows_e.begin(), rows_e.end(), int64_t(0));
+      ASSERT_LE(rows, o.max_rows);
+      const auto xr = download<uint16_t>(o.x_rows, size_t(rows * h)), gr = download<uint16_t>(o.g_rows, size_t(rows * h));
+      const auto dh = download<uint16_t>(o.dh_rows, size_t(rows * fi)), pa = download<uint16_t>(o.pa_rows, size_t(rows * f));
+      std::vector<double> dw1(size_t(el * h * fi), 0.0), dw2(size_t(el * f * h), 0.0);  // the reference's layouts
+      int64_t row = 0;
+      for (int e = 0; e < el; ++e)
+        for (int32_t q = 0; q < rows_e[size_t(e)]; ++q, ++row) {
+          for (int64_t p = 0; p < h; ++p) {
+            const double xv = bf(xr[size_t(row * h + p)]), gv = bf(gr[size_t(row * h + p)]);
+            for (int64_t i = 0; i < fi; ++i) dw1[size_t((e * h + p) * fi + perm[size_t(i)])] += xv * bf(dh[size_t(row * fi + i)]);
+            for (int64_t j = 0; j < f; ++j) dw2[size_t((e * f + j) * h + p)] += bf(pa[size_t(row * f + j)]) * gv;
+          }
+        }
+      EXPECT_LE(ref::rel_err(dw1, want.dw1[size_t(r)]), 1e-2) << "d w1 from wgrad_operands()";
+      EXPECT_LE(ref::rel_err(dw2, want.dw2[size_t(r)]), 1e-2) << "d w2 from wgrad_operands()";
+      team.barrier(s);
+      team.synchronize(s);
+
+      // A second call back to back: the same d x, bit for bit.
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0xff, size_t(t * h) * 2, s));
+      op.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1.get(), w2.get(), g.get(),
+             dx.get(), static_cast<float*>(dtw.get()), s);
+      team.synchronize(s);
+      EXPECT_TRUE(download<uint16_t>(dx.get(), size_t(t * h)) == first) << "a second call changed d x";
+      team.barrier(s);
+      team.synchronize(s);
+    }
+    cudaStreamDestroy(s);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Routing, GpuMoeFfnBackward, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+TEST(GpuMoeFfnBackward, RejectsBadInput) {
+  CCFUSE_REQUIRE_GPUS(1);
+  comm::run_local_world({0}, [&](comm::Team& team) {
+    MoeFfnDesc d;
+    d.max_tokens = 16;
+    d.hidden = 256;
+    d.ffn = 128;
+    d.num_experts = 4;
+    d.topk = 2;
+    d.swiglu = false;
+    try {
+      MoeFfnBackward op(team, d, /*w1_swiglu_tiles=*/true);
+      ADD_FAILURE() << "no error for w1_swiglu_tiles without swiglu";
+    } catch (const InvalidArgument& e) {
+      EXPECT_STREQ(e.what(), "w1_swiglu_tiles needs swiglu (the tile order is SwiGLU's)");
+    }
+    d.swiglu = true;
+    MoeFfnConfig cfg;
+    cfg.dispatch = MoeDispatch::kAllGather;
+    cfg.gather_rows = true;
+    try {
+      MoeFfnBackward op(team, d, false, cfg);
+      ADD_FAILURE() << "no error for gather_rows";
+    } catch (const InvalidArgument& e) {
+      EXPECT_STREQ(e.what(), "moe_ffn backward: gather_rows leaves no received rows for the weight gradients "
+                             "(use the default dispatch)");
+    }
+  });
+}
+
+}  // namespace
+}  // namespace ccfuse::moe
