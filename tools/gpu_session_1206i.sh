@@ -22,7 +22,8 @@ tests_line() { grep -E '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' '; }
 if [[ $parts == *" 1 "* ]]; then
   timeout 150 $B/ccfuse_gpu_tests --gtest_filter='*MoeFfnBackward*' > "$O/bwd_w1.log" 2>&1
   table+=("MoeFfnBackward W=1: rc=$? $(tests_line "$O/bwd_w1.log")")
-  CCFUSE_TEST_ONE_GPU_RANKS=2 timeout 150 $B/ccfuse_gpu_tests --gtest_filter='*MoeFfnBackward*' > "$O/bwd_w2.log" 2>&1
+  # the one-GPU world's settings (comm/team.h mode d; gpu_run.sh one_gpu_world sets the same)
+  CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 CCFUSE_TEST_ONE_GPU_RANKS=2 timeout 150 $B/ccfuse_gpu_tests --gtest_filter='*MoeFfnBackward*' > "$O/bwd_w2.log" 2>&1
   table+=("MoeFfnBackward one-GPU W=2: rc=$? $(tests_line "$O/bwd_w2.log")")
   grep -hE '^\[  FAILED  \] [A-Z]|Failure|rel_err|Expected|Which is|seed' "$O/bwd_w1.log" "$O/bwd_w2.log" | head -12 > "$O/bwd_fail.txt"
   timeout 150 $B/ccfuse_gpu_tests --gtest_filter='Routing/GpuMoeFfn.*:GpuMoeFfn.*' > "$O/moe_fwd_w1.log" 2>&1
@@ -51,7 +52,7 @@ if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 60 ]; then
 import json
 for l in open('$O/grouped_kn.jsonl'):
     r = json.loads(l)
-    print('grouped %s E%d n%d k%d: ccfuse %.3f ms (%.0f TF), cuBLAS grouped %.3f ms, %s' % (r['b_layout'], r['experts'], r['n'], r['k'], r['t_fused_ms'], r['tflops'], r['t_cublas_grouped_ms'] or -1, r['config']))")
+    print('grouped %s E%d n%d k%d: ccfuse %.3f ms (%.0f TF), cuBLAS grouped %.3f ms, %s' % (r['b_layout'], r['experts'], r['n'], r['k'], r['t_fused_ms'], r['tflops'], r.get('t_gemm_ms') or -1, r['config']))")
   if [ "$(left)" -gt 100 ]; then
     timeout $(( $(left) - 60 )) python3 tools/torch_grouped_autograd_bench.py --ccfuse-lib $lib --iters 10 \
       --json "$O/grouped_autograd.jsonl" > "$O/grouped_autograd.log" 2>&1

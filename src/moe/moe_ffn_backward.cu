@@ -230,6 +230,7 @@ MoeWgradOperands MoeFfnBackward::wgrad_operands() const {
   o.g_rows = s_->bwd->layer0_input();
   o.pa_rows = s_->bwd->layer0_output();
   o.expert_rows = s_->fwd->expert_rows_device();
+  o.row_src = s_->fwd->layer0_view().row_src;
   o.max_rows = s_->fwd->max_rows();
   return o;
 }

@@ -209,6 +209,24 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
       ASSERT_LE(rows, o.max_rows);
       const auto xr = download<uint16_t>(o.x_rows, size_t(rows * h)), gr = download<uint16_t>(o.g_rows, size_t(rows * h));
       const auto dh = download<uint16_t>(o.dh_rows, size_t(rows * fi)), pa = download<uint16_t>(o.pa_rows, size_t(rows * f));
+      // Every received row is its source token's x and g (both dispatches put the rows in one order).
+      const auto src = download<int32_t>(o.row_src, size_t(rows * 2));
+      int64_t wrong_x = 0, wrong_g = 0, bad_src = 0;
+      for (int64_t q = 0; q < rows; ++q) {
+        const int sr = src[size_t(2 * q)], entry = src[size_t(2 * q + 1)];
+        if (sr < 0 || sr >= w || entry < 0 || entry >= ranks[size_t(sr)].tokens * k) {
+          ++bad_src;
+          continue;
+        }
+        const int64_t tok = entry / k;
+        for (int64_t p = 0; p < h; ++p) {
+          wrong_x += xr[size_t(q * h + p)] != ranks[size_t(sr)].x[size_t(tok * h + p)];
+          wrong_g += gr[size_t(q * h + p)] != ranks[size_t(sr)].g[size_t(tok * h + p)];
+        }
+      }
+      EXPECT_EQ(bad_src, 0) << "rows whose (source, entry) is out of range";
+      EXPECT_EQ(wrong_x, 0) << "elements of received x rows that differ from their source token's";
+      EXPECT_EQ(wrong_g, 0) << "elements of received g rows that differ from their source token's";
       std::vector<double> dw1(size_t(el * h * fi), 0.0), dw2(size_t(el * f * h), 0.0);  // the reference's layouts
       int64_t row = 0;
       for (int e = 0; e < el; ++e)

@@ -248,6 +248,7 @@ struct MoeWgradOperands {
   const void* g_rows = nullptr;    // [max_rows, H] bf16: the received g rows
   const void* pa_rows = nullptr;   // [max_rows, F] bf16: p * a
   const int32_t* expert_rows = nullptr;  // [E_local] int32 on the device: rows per local expert, in order
+  const int32_t* row_src = nullptr;      // [max_rows][2] int32: each row's (source rank, entry = token * k + slot)
   int64_t max_rows = 0;
 };
 
