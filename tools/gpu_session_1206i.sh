@@ -26,8 +26,10 @@ if [[ $parts == *" 1 "* ]]; then
   CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 CCFUSE_TEST_ONE_GPU_RANKS=2 timeout 150 $B/ccfuse_gpu_tests --gtest_filter='*MoeFfnBackward*' > "$O/bwd_w2.log" 2>&1
   table+=("MoeFfnBackward one-GPU W=2: rc=$? $(tests_line "$O/bwd_w2.log")")
   grep -hE '^\[  FAILED  \] [A-Z]|Failure|rel_err|Expected|Which is|seed' "$O/bwd_w1.log" "$O/bwd_w2.log" | head -12 > "$O/bwd_fail.txt"
-  timeout 150 $B/ccfuse_gpu_tests --gtest_filter='Routing/GpuMoeFfn.*:GpuMoeFfn.*' > "$O/moe_fwd_w1.log" 2>&1
-  table+=("MoE forward W=1 (layer-1 layout refactor): rc=$? $(tests_line "$O/moe_fwd_w1.log")")
+  if [ "${G1206I_SKIP_FWD:-0}" = 0 ]; then
+    timeout 150 $B/ccfuse_gpu_tests --gtest_filter='Routing/GpuMoeFfn.*:GpuMoeFfn.*' > "$O/moe_fwd_w1.log" 2>&1
+    table+=("MoE forward W=1 (layer-1 layout refactor): rc=$? $(tests_line "$O/moe_fwd_w1.log")")
+  fi
 fi
 if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 60 ]; then
   run1() { local t=$1; shift; timeout "$t" python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py --ccfuse-lib $lib "$@"; }

@@ -124,11 +124,6 @@ __global__ void dp_scatter_kernel(const int2* row_src, const int64_t* row_prefix
   __threadfence_system();
 }
 
-__global__ void fill_kernel(float* p, int64_t n, float v) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = v;
-}
-
 }  // namespace
 
 struct MoeFfnBackward::State {
@@ -171,9 +166,9 @@ MoeFfnBackward::MoeFfnBackward(comm::Team& team, const MoeFfnDesc& d, bool w1_sw
   for (int r = 0; r < team.world_size(); ++r) s.dtw_peers.p[r] = static_cast<float*>(s.dtw->peer(r));
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.ones, size_t(entries) * sizeof(float)));
   CCFUSE_CUDA_CHECK(cudaMalloc(&s.dp, size_t(s.fwd->max_rows()) * sizeof(float)));
-  fill_kernel<<<int(std::min<int64_t>(1024, ceil_div(entries, int64_t(256)))), 256>>>(s.ones, entries, 1.f);
-  CCFUSE_CUDA_CHECK_LAUNCH();
-  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  // From the host (no device-wide sync: in a one-GPU world it would wait for the other ranks' kernels).
+  const std::vector<float> ones(static_cast<size_t>(entries), 1.f);
+  CCFUSE_CUDA_CHECK(cudaMemcpy(s.ones, ones.data(), size_t(entries) * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 MoeFfnBackward::~MoeFfnBackward() = default;
