@@ -227,6 +227,51 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
       EXPECT_EQ(bad_src, 0) << "rows whose (source, entry) is out of range";
       EXPECT_EQ(wrong_x, 0) << "elements of received x rows that differ from their source token's";
       EXPECT_EQ(wrong_g, 0) << "elements of received g rows that differ from their source token's";
+      // d h and p a of every received row against the host's fp64 from the row's own x and g (the
+      // activation's backward alone, apart from the dispatch and the return paths).
+      {
+        std::vector<double> dh_want, pa_want, dh_got, pa_got;
+        const std::vector<double>& w1r = in[size_t(r)].w1;  // [E_l, H, fi] ([gate | up])
+        const std::vector<double>& w2r = in[size_t(r)].w2;  // [E_l, F, H]
+        int64_t q = 0;
+        for (int e = 0; e < el; ++e)
+          for (int32_t n = 0; n < rows_e[size_t(e)]; ++n, ++q) {
+            const int sr = src[size_t(2 * q)], entry = src[size_t(2 * q + 1)];
+            if (sr < 0 || sr >= w) continue;
+            const double pw = ranks[size_t(sr)].weights[size_t(entry)];
+            std::vector<double> hv(size_t(fi), 0.0), uv(size_t(f), 0.0);
+            for (int64_t p = 0; p < h; ++p) {
+              const double xv = bf(xr[size_t(q * h + p)]), gv = bf(gr[size_t(q * h + p)]);
+              for (int64_t i = 0; i < fi; ++i) hv[size_t(i)] += xv * w1r[size_t((e * h + p) * fi + i)];
+              for (int64_t j = 0; j < f; ++j) uv[size_t(j)] += gv * w2r[size_t((e * f + j) * h + p)];
+            }
+            std::vector<double> dref(static_cast<size_t>(fi), 0.0);
+            for (int64_t j = 0; j < f; ++j) {
+              double a, dg = 0, du;
+              if (c.swiglu) {
+                const double g0 = hv[size_t(j)], up = hv[size_t(f + j)], sg = 1.0 / (1.0 + std::exp(-g0));
+                a = g0 * sg * up;
+                dg = pw * uv[size_t(j)] * up * sg * (1 + g0 * (1 - sg));
+                du = pw * uv[size_t(j)] * g0 * sg;
+                dref[size_t(j)] = dg;
+                dref[size_t(f + j)] = du;
+              } else {
+                a = hv[size_t(j)];
+                dref[size_t(j)] = pw * uv[size_t(j)];
+              }
+              pa_want.push_back(pw * a);
+              pa_got.push_back(bf(pa[size_t(q * f + j)]));
+            }
+            for (int64_t i = 0; i < fi; ++i) {  // uploaded column i is the reference's perm[i]
+              dh_want.push_back(dref[size_t(perm[size_t(i)])]);
+              dh_got.push_back(bf(dh[size_t(q * fi + i)]));
+            }
+          }
+        if (!pa_want.empty()) {
+          EXPECT_LE(ref::rel_err(pa_got, pa_want), 1e-2) << "p a of the received rows";
+          EXPECT_LE(ref::rel_err(dh_got, dh_want), 2e-2) << "d h of the received rows";
+        }
+      }
       std::vector<double> dw1(size_t(el * h * fi), 0.0), dw2(size_t(el * f * h), 0.0);  // the reference's layouts
       int64_t row = 0;
       for (int e = 0; e < el; ++e)
