@@ -72,6 +72,8 @@ def _nccl_comm(group):
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("process_group: torch.distributed is not initialised (dist.init_process_group first)")
+    if not torch.cuda.is_available():
+        raise ValueError("process_group: no CUDA device here (ccfuse's Team lives on a GPU)")
     dev = torch.device("cuda", torch.cuda.current_device())
     try:
         backend = group._get_backend(dev)

@@ -143,6 +143,7 @@ def fake_torch():
         all_reduce=lambda x, group=None: t.reduces.append((x.shape, group)))
     t.device = lambda kind, index=0: FakeDevice(kind)
     t.cuda.current_device = lambda: 0
+    t.cuda.is_available = lambda: True
     t.zeros = lambda *shape, **kw: FakeTensor(shape, kw.get("dtype", "float32"))
     return t
 
