@@ -96,7 +96,9 @@ void check(const Case& c, double tol) {
     EXPECT_LE(rel_err(got_dx, want.dx[size_t(r)]), tol) << "dx";
     EXPECT_LE(rel_err(got_dw, want.dw[size_t(r)]), tol) << "d topk_w";
     for (size_t i = 0; i < ids[r].size(); ++i) {
-      if (ids[r][i] < 0) EXPECT_EQ(dw[r][i], 0.f) << "dropped slot " << i;
+      if (ids[r][i] < 0) {
+        EXPECT_EQ(dw[r][i], 0.f) << "dropped slot " << i;
+      }
     }
   }
 }
