@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call on one GPU (2026-12-06, late night), parts in priority order, each time-boxed:
+# (1) MoeFfnBackward's GPU tests at W = 1 and in the one-GPU world at W = 2 (tools/gpu_session_1206i.sh
+# part 1, the forward tests left out); (2) Mixtral's grouped GEMM on this GPU: the engine's choice
+# (128x128 ping-pong) against the whole 128x256 tile in the same interleaved rounds (gpu_run.sh
+# grouped_ab), torch._grouped_mm beside it (gpu_run.sh grouped), and the plain engine on one
+# expert's dense shape against cuBLASLt. Every log goes into one tarball (the device tool brings
+# back few files); the table is printed last.   bash tools/gpu_session_1206j.sh [PART ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp/ccfuse-out}
+mkdir -p "$O/logs"
+parts=" ${*:-1 2} "
+table=()
+left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-560} - SECONDS )); }
+
+if [[ $parts == *" 1 "* ]]; then
+  G1206I_SKIP_FWD=1 OUT="$O/logs/bwd" timeout 330 bash tools/gpu_session_1206i.sh 1 > "$O/logs/bwd.txt" 2>&1
+  table+=("part 1 rc=$?")
+  while read -r l; do table+=("  $l"); done < <(grep -vE '^(==|\s*$)' "$O/logs/bwd.txt" | tail -n 14 | cut -c1-220)
+fi
+if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 90 ]; then
+  : > "$O/logs/plain.jsonl"
+  for shape in "8192 28672 4096" "8192 4096 14336"; do
+    set -- $shape
+    timeout 40 .carry/bin/ccfuse bench --op gemm --m $1 --n $2 --k $3 --dtype bf16 --iters 10 --print-config \
+      --json "$O/logs/plain.jsonl" < /dev/null >> "$O/logs/plain.log" 2>&1 || echo "rc=$? $shape" >> "$O/logs/plain.log"
+  done
+  while read -r l; do table+=("  $l"); done < <(python3 -c "
+import json
+for l in open('$O/logs/plain.jsonl'):
+    r = json.loads(l)
+    print('plain %dx%dx%d: ccfuse %.3f ms, cuBLASLt %.3f ms, %s' % (r['m'], r['n'], r['k'], r['t_fused_ms'], r.get('t_gemm_ms') or -1, r.get('config', '')))" 2>&1)
+  CCFUSE_GROUPED_ONLY=mixtral OUT="$O/logs/g" timeout $(( $(left) - 20 )) bash tools/gpu_run.sh grouped grouped_ab \
+    > "$O/logs/g.txt" 2>&1
+  table+=("Mixtral grouped + A/B (whole 128x256): rc=$?")
+  while read -r l; do table+=("  $l"); done < <(grep -E '^geomean|^same-clock' "$O/logs/g/grouped_summary.log" 2>/dev/null)
+  while read -r l; do table+=("  $l"); done < <(sed -n '/^variant against/,$p' "$O/logs/g/grouped_ab_summary.log" 2>/dev/null | cut -c1-160)
+fi
+{
+  echo "== gpu_session_1206j on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(cat .carry/commit 2>/dev/null | tr '\n' ' '), ${SECONDS} s"
+  printf '%s\n' "${table[@]}"
+} | tee "$O/summary.txt"
+tar -czf "$O/logs.tar.gz" -C "$O" logs && rm -rf "$O/logs"
