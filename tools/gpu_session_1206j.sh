@@ -4,13 +4,14 @@
 # part 1, the forward tests left out); (2) Mixtral's grouped GEMM on this GPU: the engine's choice
 # (128x128 ping-pong) against the whole 128x256 tile in the same interleaved rounds (gpu_run.sh
 # grouped_ab), torch._grouped_mm beside it (gpu_run.sh grouped), and the plain engine on one
-# expert's dense shape against cuBLASLt. Every log goes into one tarball (the device tool brings
+# expert's dense shape against cuBLASLt; (3) tools/torch_compile_check.py at W = 1 (MoeFfn with
+# backward="fused" compiled, forward and backward). Parts run in the order 1, 3, 2. Every log goes into one tarball (the device tool brings
 # back few files); the table is printed last.   bash tools/gpu_session_1206j.sh [PART ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$O/logs"
-parts=" ${*:-1 2} "
+parts=" ${*:-1 3 2} "
 table=()
 left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-560} - SECONDS )); }
 
@@ -18,6 +19,14 @@ if [[ $parts == *" 1 "* ]]; then
   G1206I_SKIP_FWD=1 OUT="$O/logs/bwd" timeout 330 bash tools/gpu_session_1206i.sh 1 > "$O/logs/bwd.txt" 2>&1
   table+=("part 1 rc=$?")
   while read -r l; do table+=("  $l"); done < <(grep -vE '^(==|\s*$)' "$O/logs/bwd.txt" | tail -n 14 | cut -c1-220)
+fi
+if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 150 ]; then
+  # torch.compile with MoeFfn(backward="fused") trained (moe_train_fused cases), and the rest of the
+  # compile check as before, at W = 1
+  timeout 240 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_compile_check.py \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --json "$O/logs/compile.jsonl" > "$O/logs/compile.log" 2>&1
+  table+=("torch.compile check W=1: rc=$? $(grep -E '^torch_compile_check:' "$O/logs/compile.log")")
+  while read -r l; do table+=("  $l"); done < <(grep -E '^moe_train|FAIL' "$O/logs/compile.log" | cut -c1-220 | head -8)
 fi
 if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 90 ]; then
   : > "$O/logs/plain.jsonl"

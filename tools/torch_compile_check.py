@@ -15,6 +15,8 @@
    group and padding rows past the groups' total (whose gradient must be 0).
 4. Inference under torch.no_grad(): the MoE FFN and grouped_mm compiled (bit-for-bit the eager
    result), and the TP block with mode="reduce-overhead" (CUDA graphs) replayed on new inputs.
+   Training: MoeFfn(backward="fused") compiled, forward and backward, against the same eagerly and
+   an fp64 reference over every rank's tokens.
 Fresh random inputs per case; --inject-fault runs one block case only, with its compiled output
 perturbed (the check must fail: exit 1).
 One line per case; exit 1 if any case fails (relative error > --tol, 1e-2, or not finite).
@@ -31,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from ccfuse import moe_grad  # noqa: E402
 from ccfuse import torch_ops as cf  # noqa: E402
 
 
@@ -235,6 +238,51 @@ def main():
         moe.close()
     for backend in backends:
         guarded("moe_grouped_nograd:" + backend, lambda: moe_case(backend))
+
+    # 4b. training: MoeFfn(backward="fused") with forward and backward compiled (no host sync in
+    # either: torch.ops.ccfuse.moe_ffn / moe_ffn_backward), against the same run eagerly and an fp64
+    # reference over every rank's tokens (y, d x, d topk_w, d w1, d w2 of this rank's experts)
+    def moe_train_case(backend):
+        E, k, T, F_ = 8 * w, 2, 512, 512
+        el, mine = E // w, slice(r * (E // w), (r + 1) * (E // w))
+        W1, W2 = rnd(E, 2 * F_, H, scale=H ** -0.5), rnd(E, H, F_, scale=F_ ** -0.5)
+        X, GY = [rnd(T, H) for _ in range(w)], [rnd(T, H) for _ in range(w)]
+        ids = [torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(dev, torch.int32) for _ in range(w)]
+        P = [torch.rand(T, k, generator=g, dtype=torch.float64) + 0.05 for _ in range(w)]
+        P = [p / p.sum(1, keepdim=True) for p in P]
+        W1r, W2r = W1.to(dev).requires_grad_(), W2.to(dev).requires_grad_()
+        Xr, Pr = [t.to(dev).requires_grad_() for t in X], [p.to(dev).requires_grad_() for p in P]
+        loss = 0
+        for q in range(w):
+            yq = moe_grad.reference_forward(Xr[q], ids[q], Pr[q], W1r, W2r, 0, E)
+            loss = loss + (yq * GY[q].to(dev)).sum()
+            if q == r:
+                y_ref = yq.detach()
+        loss.backward()
+        ref = (y_ref, Xr[r].grad, Pr[r].grad, W1r.grad[mine], W2r.grad[mine])
+        outs = {}
+        for mode in ("eager", "compiled"):
+            w1, w2 = on(W1[mine], True), on(W2[mine], True)
+            moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T, backward="fused")
+            x, tw = on(X[r], True), P[r].to(dev, torch.float32).requires_grad_()
+
+            def f(x, ids, tw):
+                return moe(x, ids, tw)
+            fn = f if mode == "eager" else torch.compile(f, fullgraph=True, backend=backend)
+            y = fn(x, ids[r], tw)
+            y.backward(on(GY[r]))
+            torch.cuda.synchronize()
+            outs[mode] = (y, x.grad, tw.grad, w1.grad, w2.grad)
+            moe.close()
+        errs = {}
+        names = ("y", "x_grad", "topk_w_grad", "w1_grad", "w2_grad")
+        for i, name in enumerate(names):
+            errs[name] = rel_err(outs["compiled"][i], ref[i])
+            errs[name + "_vs_eager"] = rel_err(outs["compiled"][i], outs["eager"][i])
+        same = all(bool(torch.equal(outs["compiled"][i], outs["eager"][i])) for i in range(len(names)))
+        record("moe_train_fused:" + backend, errs, {"backend": backend, "bitwise_equal_to_eager": same})
+    for backend in backends:
+        guarded("moe_train_fused:" + backend, lambda: moe_train_case(backend))
 
     def graphs_case():  # noqa: the block's weights are constants of the compiled function
         W1, W2 = rnd(N, H, scale=H ** -0.5), rnd(H, N, scale=N ** -0.5)

@@ -610,11 +610,12 @@ class MoeFfn:
     [E/W, H, F]. W1 is permuted once into ccfuse's SwiGLU tile order here. imbalance: the routing
     skew hint for the MoE tuner (most rows a rank receives / the mean; 0 = unknown).
     __call__(x [T, H] bf16, topk_ids [T, k] int32 (-1 = dropped), topk_w [T, k] float32) -> [T, H].
-    Autograd (x, topk_w, w1, w2; eager mode): the fused forward, then backward="unfused" (default:
-    ccfuse.moe_grad, torch.distributed all-to-alls and grouped GEMMs; one host sync) or "fused"
-    (ccfuse's MoeFfnBackward: the forward's fused layers with their roles swapped, no host sync;
-    the weight gradients by torch._grouped_mm; 2.2x faster than "unfused" on one H100 at W = 1, not
-    run at W >= 2 on GPUs yet: docs/integration.md). w1's
+    Autograd (x, topk_w, w1, w2): the fused forward, then backward="unfused" (default: ccfuse.moe_grad,
+    torch.distributed all-to-alls and grouped GEMMs; one host sync, so eager mode only) or "fused"
+    (ccfuse's MoeFfnBackward: the forward's fused layers with their roles swapped, no host sync, also
+    under torch.compile as torch.ops.ccfuse.moe_ffn_backward; the weight gradients by
+    torch._grouped_mm; 2.2x faster than "unfused" on one H100 at W = 1, not run at W >= 2 on GPUs
+    yet: docs/integration.md). w1's
     permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
     counter; after writes through w1.data call refresh_weights().
     """
@@ -687,10 +688,10 @@ class MoeFfn:
 
     def __call__(self, x, topk_ids, topk_w, out=None):
         if _needs_grad(x, topk_w, self._w1_src, self.w2):
-            if _compiling():
-                raise ValueError("MoeFfn's backward runs in eager mode only (its all-to-all sizes sync with the "
-                                 "host): keep the MoE FFN out of torch.compile when training, or call it under "
-                                 "torch.no_grad()")
+            if _compiling() and self.backward != "fused":
+                raise ValueError("MoeFfn(backward='unfused') runs in eager mode only (its all-to-all sizes sync "
+                                 "with the host): under torch.compile train with backward='fused', keep the MoE "
+                                 "FFN out of the compiled region, or call it under torch.no_grad()")
             _no_out_with_grad(out)
             self._checked(x, topk_ids, topk_w)
             return _MoeFfnFn.apply(x, topk_w, self._w1_src, self.w2, topk_ids, self._key)
@@ -702,9 +703,22 @@ class MoeFfn:
         out.copy_(y)
         return out
 
+    def _checked_backward(self, x, topk_ids, topk_w, g, w1, w2):
+        t = self._checked(x, topk_ids, topk_w)
+        _check("g", g, 2)
+        if tuple(g.shape) != tuple(x.shape):
+            raise ValueError("g (the output's gradient) must be [%s, %d] like x, got %s" % (t, self.hidden,
+                                                                                            tuple(g.shape)))
+        for name, w, want in (("w1", w1, self._w1_src), ("w2", w2, self.w2)):
+            _check(name, w, 3)
+            if tuple(w.shape) != tuple(want.shape):
+                raise ValueError("%s must be the layer's %s, got %s" % (name, tuple(want.shape), tuple(w.shape)))
+        return t
+
     def _fused_backward(self, x, topk_ids, topk_w, g, w1, w2):
         """ccfuse's MoeFfnBackward for d x and d topk_w; the weight gradients by torch._grouped_mm
         over its operands (the received rows, per local expert), on the same stream."""
+        self._checked_backward(x, topk_ids, topk_w, g, w1, w2)
         if self._bwd is None:
             self._bwd = _need_lib().moe_ffn_backward_create(self.max_tokens, self.hidden, self.ffn, self.num_experts,
                                                             self.topk, swiglu=True, b_kn=False, w1_swiglu_tiles=False,
@@ -741,6 +755,8 @@ class _MoeFfnFn(torch.autograd.Function):
     def forward(ctx, x, topk_w, w1, w2, topk_ids, key):
         ctx.key = key
         ctx.save_for_backward(x, topk_w, w1, w2, topk_ids)
+        if _compiling():
+            return torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, key)
         return _moe_ffns[int(key)]._run(x, topk_ids, topk_w)
 
     @staticmethod
@@ -752,7 +768,11 @@ class _MoeFfnFn(torch.autograd.Function):
             raise ValueError("MoeFfn backward: the layer was closed after its forward")
         need = ctx.needs_input_grad
         if ffn.backward == "fused":
-            dx, dw, dw1, dw2 = ffn._fused_backward(x, topk_ids, topk_w, g.contiguous(), w1.contiguous(), w2.contiguous())
+            args = (x, topk_ids, topk_w, g.contiguous(), w1.contiguous(), w2.contiguous())
+            if _compiling():  # no host sync in it: one custom op in the compiled backward graph
+                dx, dw, dw1, dw2 = torch.ops.ccfuse.moe_ffn_backward(*args, ctx.key)
+            else:
+                dx, dw, dw1, dw2 = ffn._fused_backward(*args)
             return (dx if need[0] else None, dw if need[1] else None, dw1 if need[2] else None,
                     dw2 if need[3] else None, None, None)
         if _need_lib().world_size() > 1:
@@ -850,11 +870,30 @@ def _register_custom_ops():
 
     @moe_ffn_op.register_fake
     def _(x, topk_ids, topk_w, handle):
-        ffn = _moe_ffns.get(int(handle))
-        if ffn is None:
-            raise ValueError("no MoeFfn with handle %s (closed?)" % handle)
+        ffn = _moe_ffn_of(handle)
         return x.new_empty((ffn._checked(x, topk_ids, topk_w), ffn.hidden))
+
+    # MoeFfn(backward="fused")'s backward: (d x, d topk_w, d w1, d w2) for the caller's w1 (gate rows,
+    # then up rows) and w2; the fused forward's inputs again (it recomputes what it needs).
+    @library.custom_op("ccfuse::moe_ffn_backward", mutates_args=())
+    def moe_ffn_backward_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, g: Tensor, w1: Tensor, w2: Tensor,
+                            handle: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return _moe_ffn_of(handle)._fused_backward(x, topk_ids, topk_w, g, w1, w2)
+
+    @moe_ffn_backward_op.register_fake
+    def _(x, topk_ids, topk_w, g, w1, w2, handle):
+        ffn = _moe_ffn_of(handle)
+        t = ffn._checked_backward(x, topk_ids, topk_w, g, w1, w2)
+        return (x.new_empty((t, ffn.hidden)), topk_w.new_empty((t, ffn.topk)), w1.new_empty(tuple(w1.shape)),
+                w2.new_empty(tuple(w2.shape)))
     return True
+
+
+def _moe_ffn_of(handle):
+    ffn = _moe_ffns.get(int(handle))
+    if ffn is None:
+        raise ValueError("no MoeFfn with handle %s (closed?)" % handle)
+    return ffn
 
 
 custom_ops_registered = _register_custom_ops()

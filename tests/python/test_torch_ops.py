@@ -508,15 +508,35 @@ class TorchOps(unittest.TestCase):
         self.assertEqual((dw1.shape, dw2.shape, none1, none2), ((4, 256, 512), (4, 512, 128), None, None))
         fn.backward(ctx, self.bf16(64, 512))  # the handle is made once
         self.assertEqual([e[0] for e in log[n:]].count("moe_bwd_create"), 1)
+        # the backward's own checks (what the custom op's fake implementation runs too)
+        self.error(lambda: fused._fused_backward(x, ids, wg, self.bf16(64, 256), w1, w2),
+                   "g (the output's gradient) must be [64, 512] like x, got (64, 256)")
+        self.error(lambda: fused._fused_backward(x, ids, wg, self.bf16(64, 512), w1, self.bf16(4, 512, 64)),
+                   "w2 must be the layer's (4, 512, 128), got (4, 512, 64)")
         fused.close()
         self.assertEqual(log[-1], ("moe_bwd_close",))
+        # under torch.compile: "unfused" refuses (its host sync); "fused" traces into the custom ops
+        # torch.ops.ccfuse.moe_ffn and moe_ffn_backward (the layer by its handle), nothing run eagerly
+        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused")
+        calls = []
+        grads = (self.bf16(64, 512), FakeTensor((64, 2), "float32"), self.bf16(4, 256, 512), self.bf16(4, 512, 128))
         torch.compiler = types.SimpleNamespace(is_compiling=lambda: True)
+        torch.ops = types.SimpleNamespace(ccfuse=types.SimpleNamespace(
+            moe_ffn=lambda *a: calls.append(("moe_ffn", a[0], a[3])) or self.bf16(64, 512),
+            moe_ffn_backward=lambda *a: calls.append(("moe_ffn_backward", a[0], a[3].shape, a[6])) or grads))
         try:
-            self.error(lambda: moe(x, ids, wg), "MoeFfn's backward runs in eager mode only (its all-to-all sizes sync "
-                       "with the host): keep the MoE FFN out of torch.compile when training, or call it under "
-                       "torch.no_grad()")
+            self.error(lambda: moe(x, ids, wg), "MoeFfn(backward='unfused') runs in eager mode only (its all-to-all "
+                       "sizes sync with the host): under torch.compile train with backward='fused', keep the MoE "
+                       "FFN out of the compiled region, or call it under torch.no_grad()")
+            n = len(log)
+            y = fused(x, ids, wg)
+            fn, ctx = y.grad_fn
+            self.assertEqual(fn.backward(ctx, self.bf16(64, 512)), grads + (None, None))
+            self.assertEqual(calls, [("moe_ffn", x, fused._key), ("moe_ffn_backward", x, (64, 512), fused._key)])
+            self.assertEqual(log[n:], [])
         finally:
-            del torch.compiler
+            del torch.compiler, torch.ops
+        fused.close()
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
 
