@@ -5,13 +5,14 @@
 # (128x128 ping-pong) against the whole 128x256 tile in the same interleaved rounds (gpu_run.sh
 # grouped_ab), torch._grouped_mm beside it (gpu_run.sh grouped), and the plain engine on one
 # expert's dense shape against cuBLASLt; (3) tools/torch_compile_check.py at W = 1 (MoeFfn with
-# backward="fused" compiled, forward and backward). Parts run in the order 1, 3, 2. Every log goes into one tarball (the device tool brings
+# backward="fused" compiled, forward and backward); (4) tools/torch_layers_check.py at W = 1
+# (ccfuse.layers.MoeLayer trained). Parts run in the order 1, 3, 4, 2. Every log goes into one tarball (the device tool brings
 # back few files); the table is printed last.   bash tools/gpu_session_1206j.sh [PART ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$O/logs"
-parts=" ${*:-1 3 2} "
+parts=" ${*:-1 3 4 2} "
 table=()
 left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-560} - SECONDS )); }
 
@@ -27,6 +28,18 @@ if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 150 ]; then
     --ccfuse-lib .carry/bin/libccfuse_c.so --json "$O/logs/compile.jsonl" > "$O/logs/compile.log" 2>&1
   table+=("torch.compile check W=1: rc=$? $(grep -E '^torch_compile_check:' "$O/logs/compile.log")")
   while read -r l; do table+=("  $l"); done < <(grep -E '^moe_train|FAIL' "$O/logs/compile.log" | cut -c1-220 | head -8)
+fi
+if [[ $parts == *" 4 "* ]] && [ "$(left)" -gt 150 ]; then
+  # ccfuse.layers.MoeLayer trained (router + fused MoE FFN), eager and compiled, against fp32 torch
+  timeout 150 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_layers_check.py \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --compile --json "$O/logs/layers.jsonl" > "$O/logs/layers.log" 2>&1
+  table+=("MoeLayer check W=1: rc=$? $(grep -E '^torch_layers_check:' "$O/logs/layers.log")")
+  while read -r l; do table+=("  $l"); done < <(grep -E '^rank|Error' "$O/logs/layers.log" | cut -c1-200 | head -10)
+  if [ "$(left)" -gt 200 ]; then
+    timeout 90 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_layers_check.py \
+      --ccfuse-lib .carry/bin/libccfuse_c.so --inject-fault > "$O/logs/layers_fault.log" 2>&1
+    table+=("MoeLayer check, injected fault (want rc=1): rc=$?")
+  fi
 fi
 if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 90 ]; then
   : > "$O/logs/plain.jsonl"
