@@ -90,8 +90,8 @@ class Layers(unittest.TestCase):
         cf = self.cf
         cf._lib, cf.MoeFfn, cf.route, cf.column_parallel_linear, cf.row_parallel_linear = self.saved
 
-    def randn(self, *shape, dtype=torch.float64):
-        return torch.randn(*shape, generator=self.gen, dtype=dtype)
+    def randn(self, *shape, dtype=None):
+        return torch.randn(*shape, generator=self.gen, dtype=dtype or torch.float64)
 
     def test_router_weights_value_and_gradient(self):
         t, e, k = 40, 8, 3
