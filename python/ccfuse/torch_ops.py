@@ -13,7 +13,7 @@
     y = cf.row_parallel_linear(y, w_row)       #   ag_gemm / gemm_rs forward, gemm_rs / ag_gemm backward)
     topk_ids, topk_w, counts, dropped = cf.route(logits, k, capacity_factor=1.25)  # ccfuse's GPU router
     moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T)
-    out = moe(x, topk_ids, topk_w)             # [T, H] (autograd: a recomputed backward, eager)
+    out = moe(x, topk_ids, topk_w)             # [T, H] (autograd; backward="fused" also compiles)
     cf.finalize()                              # before dist.destroy_process_group()
 
     c = cf.mm(a, b)                            # single GPU, no init() needed: a [M, K] @ b [K, N]
@@ -30,7 +30,8 @@ argument and the rule; the library's own checks raise ccfuse.CcfuseError.
 
 Autograd: ag_gemm, gemm_rs, gemm_ar and mm on tensors that require grad have backward passes (the
 fused op the communication transposes into; b is this rank's weight shard, as in Megatron), and
-grouped_mm (b's gradient by torch._grouped_mm), and the MoE FFN (recomputed, unfused: moe_grad).
+grouped_mm (b's gradient by torch._grouped_mm), and the MoE FFN (recomputed, unfused: moe_grad;
+or ccfuse's fused MoeFfnBackward). Modules over these: ccfuse.layers.
 torch.compile: the kernels are custom ops (torch.ops.ccfuse.*) while it traces, so graphs keep
 them (fullgraph=True works); see docs/integration.md for what differs there.
 """
