@@ -84,6 +84,30 @@ class MoeCompile(unittest.TestCase):
         self.assertIn("bwd", found["ccfuse.moe_ffn_backward"])
         moe.close()
 
+    def test_moe_layer_traces_into_one_graph(self):
+        # ccfuse.layers.MoeLayer, training with the balancing count: gate, router op, router_weights,
+        # the experts' forward and fused backward ops, the buffer's update, in one graph
+        from ccfuse import layers
+        layer = layers.MoeLayer(H, F, E, K, max_tokens=T, bias_update_rate=1e-3, device="cuda")
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        x = torch.empty(T, H, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        y = torch.compile(layer, fullgraph=True, backend=backend)(x)
+        self.assertEqual((tuple(y.shape), len(graphs)), ((T, H), 1))
+        targets = set()
+
+        def walk(gm):
+            targets.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            for _, sub in gm.named_children():
+                walk(sub)
+        walk(graphs[0])
+        self.assertTrue({"ccfuse.route", "ccfuse.moe_ffn", "ccfuse.moe_ffn_backward"} <= targets, targets)
+        layer.experts.close()
+
     def test_backward_op_fake_shapes_and_checks(self):
         w1, w2, x, ids, tw = self.tensors()
         moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="fused")
