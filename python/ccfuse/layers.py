@@ -230,7 +230,9 @@ class MoeLayer(nn.Module):
                                   backward=backward, dtype=dtype, device=device)
         self.gate = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32, device=device))
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
-        self.register_buffer("tokens_seen", torch.zeros(num_experts, dtype=torch.float32, device=device))
+        # the step's count, not state: left out of state_dict
+        self.register_buffer("tokens_seen", torch.zeros(num_experts, dtype=torch.float32, device=device),
+                             persistent=False)
         self.last_tokens_per_expert = self.last_dropped = None
         self.reset_parameters()
 

@@ -144,6 +144,7 @@ class Layers(unittest.TestCase):
             layer = self.layers.MoeLayer(h, f, e, k, max_tokens=t, capacity_factor=capacity, dtype=torch.float64,
                                          device="cpu")
             self.assertEqual([n for n, _ in layer.named_parameters()], ["gate", "experts.w1", "experts.w2"])
+            self.assertEqual(list(layer.state_dict()), ["gate", "expert_bias", "experts.w1", "experts.w2"])
             self.assertEqual((tuple(layer.experts.w1.shape), tuple(layer.experts.w2.shape)), ((e, 2 * f, h), (e, h, f)))
             x = self.randn(t, h).requires_grad_()
             gy = self.randn(t, h)
