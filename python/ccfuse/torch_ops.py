@@ -611,17 +611,17 @@ class MoeFfn:
     [E/W, H, F]. W1 is permuted once into ccfuse's SwiGLU tile order here. imbalance: the routing
     skew hint for the MoE tuner (most rows a rank receives / the mean; 0 = unknown).
     __call__(x [T, H] bf16, topk_ids [T, k] int32 (-1 = dropped), topk_w [T, k] float32) -> [T, H].
-    Autograd (x, topk_w, w1, w2): the fused forward, then backward="unfused" (default: ccfuse.moe_grad,
-    torch.distributed all-to-alls and grouped GEMMs; one host sync, so eager mode only) or "fused"
-    (ccfuse's MoeFfnBackward: the forward's fused layers with their roles swapped, no host sync, also
-    under torch.compile as torch.ops.ccfuse.moe_ffn_backward; the weight gradients by
-    torch._grouped_mm; 2.2x faster than "unfused" on one H100 at W = 1, not run at W >= 2 on GPUs
-    yet: docs/integration.md). w1's
+    Autograd (x, topk_w, w1, w2): the fused forward, then backward="fused" (default: ccfuse's
+    MoeFfnBackward, the forward's fused layers with their roles swapped, no host sync, also under
+    torch.compile as torch.ops.ccfuse.moe_ffn_backward; the weight gradients by torch._grouped_mm;
+    2.2x faster than "unfused" on one H100 at W = 1; checked at W = 2 in a one-GPU world, not yet
+    between GPUs: docs/integration.md) or "unfused" (ccfuse.moe_grad: torch.distributed all-to-alls
+    and grouped GEMMs; one host sync, so eager mode only). w1's
     permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
     counter; after writes through w1.data call refresh_weights().
     """
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="unfused"):
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused"):
         lib = _need_lib()
         if backward not in ("unfused", "fused"):
             raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "

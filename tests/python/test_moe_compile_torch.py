@@ -126,7 +126,7 @@ class MoeCompile(unittest.TestCase):
 
     def test_unfused_backward_refuses_compile(self):
         w1, w2, x, ids, tw = self.tensors()
-        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T)
+        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="unfused")
         with self.assertRaises(Exception) as e:
             torch.compile(lambda x, ids, tw: moe(x, ids, tw), fullgraph=True, backend="eager")(x, ids, tw)
         self.assertIn("MoeFfn(backward='unfused') runs in eager mode only", str(e.exception))

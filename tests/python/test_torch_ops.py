@@ -462,7 +462,7 @@ class TorchOps(unittest.TestCase):
     def test_moe(self):
         cf, log = self.cf, self.lib.log
         w1, w2 = self.bf16(4, 256, 512), self.bf16(4, 512, 128)  # E/W = 4, 2F = 256, H = 512
-        moe = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, imbalance=1.2)
+        moe = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, imbalance=1.2, backward="unfused")
         self.assertEqual(log[0], ("moe_create", 100, 512, 128, 8, 2, ("b_kn", False), ("imbalance", 1.2), ("swiglu", True)))
         x, ids, wts = self.bf16(64, 512), FakeTensor((64, 2), "int32"), FakeTensor((64, 2), "float32")
         y = moe(x, ids, wts)
@@ -539,6 +539,7 @@ class TorchOps(unittest.TestCase):
         fused.close()
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
+        self.assertEqual(cf.MoeFfn(w1, w2, 8, 2, 100).backward, "fused")  # the default
 
     def test_mm_and_grouped_mm(self):
         cf, log = self.cf, self.lib.log
