@@ -56,6 +56,8 @@ for l in open('$O/logs/plain.jsonl'):
   CCFUSE_GROUPED_ONLY=mixtral OUT="$O/logs/g" timeout $(( $(left) - 20 )) bash tools/gpu_run.sh grouped grouped_ab \
     > "$O/logs/g.txt" 2>&1
   table+=("Mixtral grouped + A/B (whole 128x256): rc=$?")
+  # gpu_run.sh packs its outputs into ccfuse-results.tgz: the two summaries back out of it
+  tar -xzf "$O/logs/g/ccfuse-results.tgz" -C "$O/logs/g" ./grouped_summary.log ./grouped_ab_summary.log 2>/dev/null
   while read -r l; do table+=("  $l"); done < <(grep -E '^geomean|^same-clock' "$O/logs/g/grouped_summary.log" 2>/dev/null)
   while read -r l; do table+=("  $l"); done < <(sed -n '/^variant against/,$p' "$O/logs/g/grouped_ab_summary.log" 2>/dev/null | cut -c1-160)
 fi

@@ -12,7 +12,8 @@ Cases: uniform top-2, ragged tokens per rank with dropped slots, every token's f
 expert (the other experts mostly empty), top-8 of 16 experts, a rank with no tokens (W > 1).
 Each case with each --backward mode (unfused: ccfuse.moe_grad; fused: ccfuse's MoeFfnBackward).
 Then the timing (CUDA events, interleaved rounds, medians) on a Qwen3-30B-A3B-like layer (H 2048,
-F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward per mode; at W = 1 also
+F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward per mode, the
+fused backward's kernels (d x, d topk_w) and weight gradients (torch._grouped_mm) alone; at W = 1 also
 a pure torch layer (sort, torch._grouped_mm, SwiGLU, index_add; torch autograd) for scale.
 --inject-fault scales one row of d x after the backward: the check must then fail (exit 1).
 """
@@ -179,6 +180,10 @@ def main():
                 ffns[mode](x, ids[rank], wt).backward(gs[rank])
             return run
         fns = {"ccfuse_fwd": fwd, **{"ccfuse_fwd_bwd_" + mode: fwd_bwd(mode) for mode in modes}}
+        if "fused" in modes:  # the fused backward's two halves alone (its handle exists by then)
+            ff, xd, wd, p1d, p2d = ffns["fused"], x.detach(), wt.detach(), p1.detach(), p2.detach()
+            fns["fused_bwd_kernels"] = lambda: ff._fused_backward_kernels(xd, ids[rank], wd, gs[rank], p1d, p2d)
+            fns["fused_bwd_wgrad"] = lambda: ff._fused_wgrad(xd, p1d)
         if world == 1:
             def t_fwd():
                 with torch.no_grad():

@@ -719,6 +719,12 @@ class MoeFfn:
     def _fused_backward(self, x, topk_ids, topk_w, g, w1, w2):
         """ccfuse's MoeFfnBackward for d x and d topk_w; the weight gradients by torch._grouped_mm
         over its operands (the received rows, per local expert), on the same stream."""
+        dx, dw = self._fused_backward_kernels(x, topk_ids, topk_w, g, w1, w2)
+        dw1, dw2 = self._fused_wgrad(x, w1)
+        return dx, dw, dw1, dw2
+
+    def _fused_backward_kernels(self, x, topk_ids, topk_w, g, w1, w2):
+        """MoeFfnBackward's kernels: d x and d topk_w (both layers, the rows left for _fused_wgrad)."""
         self._checked_backward(x, topk_ids, topk_w, g, w1, w2)
         if self._bwd is None:
             self._bwd = _need_lib().moe_ffn_backward_create(self.max_tokens, self.hidden, self.ffn, self.num_experts,
@@ -729,13 +735,17 @@ class MoeFfn:
         dw = torch.empty((t, self.topk), dtype=torch.float32, device=x.device)
         self._bwd.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), w1.data_ptr(), w2.data_ptr(),
                       g.data_ptr(), dx.data_ptr(), dw.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+        return dx, dw
+
+    def _fused_wgrad(self, x, w1):
+        """d w1, d w2 by torch._grouped_mm over the rows the last MoeFfnBackward run left."""
         xr, dh, gr, pa, rows, max_rows = self._bwd.operands()
         e_local, h, f = w1.shape[0], self.hidden, self.ffn
         counts = torch.as_tensor(_CudaArray(rows, (e_local,), "<i4"), device=x.device)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         dw1 = torch._grouped_mm(_device_view(dh, (max_rows, 2 * f), x).t(), _device_view(xr, (max_rows, h), x), offs=offs)
         dw2 = torch._grouped_mm(_device_view(gr, (max_rows, h), x).t(), _device_view(pa, (max_rows, f), x), offs=offs)
-        return dx, dw, dw1, dw2
+        return dw1, dw2
 
     def close(self):
         _moe_ffns.pop(self._handle, None)
