@@ -11,6 +11,8 @@
 #              through torch (tools/torch_tp_linear_check.py under torchrun, W ranks), and the ops
 #              under torch.compile / opcheck (tools/torch_compile_check.py, W ranks), MoeFfn with
 #              autograd (tools/torch_moe_autograd_check.py, W ranks)
+#     layers   ccfuse.layers.MoeLayer trained at W ranks (tools/torch_layers_check.py --compile: gate,
+#              GPU router, fused experts, both backward modes, eager and compiled, against fp32 torch)
 #     tp       the TP table: comm microbench, fused vs serial NCCL+cuBLAS vs PyTorch async-TP in one
 #              run (gpu_run.sh comm tp; tools/tp_report.py renders the README table from its JSON)
 #     moe      the MoE FFN against the serial Megatron-style layer, the tuner's default
@@ -49,6 +51,14 @@ for part in "$@"; do
           --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/moe_autograd.jsonl" > "$d/moe_autograd.log" 2>&1
         echo "rc=$?" >> "$d/moe_autograd.log" )
       lines+=("MoeFfn autograd at W = $ngpu: $(grep -E '^torch_moe_autograd_check:|timing|^rc=' "$d/moe_autograd.log" | cut -c1-160 | tr '\n' ' ')")
+      ;;
+    layers)
+      ( source tools/gpu_env.sh
+        timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_layers_check.py \
+          --ccfuse-lib .carry/bin/libccfuse_c.so --compile --json "$d/layers.jsonl" > "$d/layers.log" 2>&1
+        echo "rc=$?" >> "$d/layers.log" )
+      lines+=("MoeLayer trained at W = $ngpu: $(grep -E '^torch_layers_check:|^rc=' "$d/layers.log" | tr '\n' ' ')")
+      while read -r l; do lines+=("  $l"); done < <(grep -E 'FAIL|Error' "$d/layers.log" | cut -c1-200 | head -8)
       ;;
     tp)
       OUT=$d bash tools/gpu_run.sh comm tp > "$d/run.out" 2>&1
