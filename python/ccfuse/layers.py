@@ -245,7 +245,7 @@ class MoeLayer(nn.Module):
         ids, w, counts, dropped = cf.route(logits.detach(), self.topk, bias=bias, score=self.score,
                                            normalize=self.normalize, capacity_factor=self.capacity_factor,
                                            drop=self.drop)
-        if torch.is_grad_enabled() and self.gate.requires_grad:
+        if logits.requires_grad:  # the gate's or x's gradient through the router's weights
             w = router_weights(logits, ids, w, self.score, self.normalize, bias, drops=self.capacity_factor > 0)
         if self.training and self.bias_update_rate > 0:
             with torch.no_grad():

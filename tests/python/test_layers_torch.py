@@ -160,6 +160,12 @@ class Layers(unittest.TestCase):
                 err = float((got - want).norm() / want.norm())
                 self.assertLess(err, 1e-5, (capacity, name))
             self.assertGreater(float(layer.gate.grad.norm()), 0)
+            # a frozen gate: x still gets the router path's share of its gradient
+            layer.gate.requires_grad_(False)
+            x.grad = None
+            layer(x).backward(gy)
+            self.assertLess(float((x.grad - xr.grad).norm() / xr.grad.norm()), 1e-5, capacity)
+            layer.gate.requires_grad_(True)
             self.assertEqual(int(layer.last_tokens_per_expert.sum()) + int(layer.last_dropped), t * k)
 
     def test_balancing_step(self):
