@@ -12,8 +12,9 @@ for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
 source tools/gpu_env.sh
 table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-timeout 300 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
-  --ccfuse-lib .carry/bin/libccfuse_c.so --json "$O/logs/moe_autograd.jsonl" > "$O/logs/moe_autograd.log" 2>&1
+timeout 150 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
+  --ccfuse-lib .carry/bin/libccfuse_c.so ${G1206K_TIMING_ONLY:+--timing-only} --json "$O/logs/moe_autograd.jsonl" \
+  > "$O/logs/moe_autograd.log" 2>&1
 table+=("MoeFfn autograd W=1: rc=$? $(grep -E '^torch_moe_autograd_check:' "$O/logs/moe_autograd.log")")
 while read -r l; do table+=("  $l"); done < <(grep -E 'FAIL|timing|Error' "$O/logs/moe_autograd.log" | cut -c1-400 | head -8)
 if [[ $gpu == *H100* ]]; then

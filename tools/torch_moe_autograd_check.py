@@ -99,6 +99,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--inject-fault", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--timing-only", action="store_true", help="skip the correctness cases")
     ap.add_argument("--backward", default="unfused,fused", help="MoeFfn backward modes to check (comma-separated)")
     ap.add_argument("--borrow-comm", action="store_true",
                     help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
@@ -125,6 +126,8 @@ def main():
     if world > 1:
         cases.append(("rank0_no_tokens", 8, 2, [0] + [200] * (world - 1), 512, 256, "uniform", 0.0))
     modes = args.backward.split(",")
+    if args.timing_only:
+        cases = []
     for ci, (name, experts, topk, tokens, h, f, routing, drop) in enumerate(
             [c for c in cases for _ in modes]):
         mode = modes[ci % len(modes)]
