@@ -121,8 +121,9 @@ class MoeExperts(nn.Module):
     (torch_ops.MoeFfn, fused; backward "fused" or "unfused").
 
     The kernels' MoeFfn is made with the module (collective), or by materialize() after a
-    meta-device build (to_empty + reset_parameters). Parameters replaced
-    later (to_empty, a `.data` swap) are picked up by materialize(), or by the next eager forward."""
+    meta-device build (to_empty + reset_parameters). New Parameter objects (to_empty) are picked up
+    by the next eager forward; after a `.data` swap (which in-place updates do not need: those are
+    followed by w1's version counter) call materialize()."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, imbalance=0.0, backward="fused",
                  dtype=torch.bfloat16, device=None):
@@ -131,6 +132,8 @@ class MoeExperts(nn.Module):
         _divisible("num_experts", num_experts, w, "each rank holds num_experts / W experts")
         if not 0 < topk <= num_experts:
             raise ValueError("topk %d must be in [1, num_experts %d]" % (topk, num_experts))
+        if backward not in ("fused", "unfused"):
+            raise ValueError("backward must be 'fused' or 'unfused', got %r" % (backward,))
         self.hidden, self.ffn, self.num_experts, self.topk = hidden, ffn, num_experts, topk
         self.max_tokens, self.imbalance, self.backward = max_tokens, imbalance, backward
         device = _default_device(device)

@@ -877,7 +877,7 @@ def _register_custom_ops():
 
     @library.custom_op("ccfuse::moe_ffn", mutates_args=())
     def moe_ffn_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, handle: str) -> Tensor:
-        return _moe_ffns[int(handle)]._run(x, topk_ids, topk_w)
+        return _moe_ffn_of(handle)._run(x, topk_ids, topk_w)
 
     @moe_ffn_op.register_fake
     def _(x, topk_ids, topk_w, handle):

@@ -218,6 +218,8 @@ class Layers(unittest.TestCase):
         cf._lib = StubLib(1)
         cases += [
             (lambda: layers.MoeLayer(16, 8, 4, 5, 32, device="cpu"), "topk 5 must be in [1, num_experts 4]"),
+            (lambda: layers.MoeExperts(16, 8, 4, 2, 32, backward="fast", device="meta"),
+             "backward must be 'fused' or 'unfused', got 'fast'"),
             (lambda: layers.MoeLayer(16, 8, 4, 2, 32, score="relu", device="cpu"),
              "score must be 'softmax' or 'sigmoid', got 'relu'"),
             (lambda: layers.MoeLayer(16, 8, 4, 2, 32, capacity_factor=-1, device="cpu"),
