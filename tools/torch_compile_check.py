@@ -23,18 +23,17 @@ One line per case; exit 1 if any case fails (relative error > --tol, 1e-2, or no
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 import traceback
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from ccfuse import moe_grad  # noqa: E402
 from ccfuse import torch_ops as cf  # noqa: E402
+import torch_check_common as common  # noqa: E402 (tools/, the script's own folder)
 
 
 def rel_err(got, ref):
@@ -56,12 +55,7 @@ def main():
     ap.add_argument("--seed", type=int, default=4321)
     ap.add_argument("--inject-fault", action="store_true")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
-    r, w = dist.get_rank(), dist.get_world_size()
-    cf.init(args.ccfuse_lib)
-    dev = torch.device("cuda", local)
+    r, w, dev = common.start(cf, args.ccfuse_lib)
     S, H, N = args.tokens, args.hidden, args.ffn
     assert S % w == 0 and N % w == 0, "tokens and ffn must be multiples of the world size"
     rows, cols = slice(r * S // w, (r + 1) * S // w), slice(r * N // w, (r + 1) * N // w)
@@ -299,21 +293,7 @@ def main():
     if "inductor" in backends:
         guarded("block_nograd_cudagraphs:inductor", graphs_case)
 
-    if args.json:
-        gathered = [None] * w
-        dist.all_gather_object(gathered, records)
-        if r == 0:
-            with open(args.json, "a") as f:
-                for recs in gathered:
-                    for rec in recs:
-                        f.write(json.dumps(rec, default=str) + "\n")
-    total = torch.tensor([failures], device=dev)
-    dist.all_reduce(total)
-    cf.finalize()
-    dist.destroy_process_group()
-    if r == 0:
-        print("torch_compile_check: %d failing case(s) over %d rank(s)" % (int(total.item()), w))
-    sys.exit(1 if total.item() else 0)
+    common.finish(cf, "torch_compile_check", records, failures, args.json, dev)
 
 
 if __name__ == "__main__":

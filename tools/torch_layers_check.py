@@ -19,16 +19,15 @@ scales the gate's gradient on rank 0 after the backward: the check must then fai
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from ccfuse import layers  # noqa: E402
 from ccfuse import torch_ops as cf  # noqa: E402
+import torch_check_common as common  # noqa: E402 (tools/, the script's own folder)
 
 
 def rel(got, ref):
@@ -85,12 +84,7 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--inject-fault", action="store_true")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
-    r, w = dist.get_rank(), dist.get_world_size()
-    cf.init(args.ccfuse_lib)
-    dev = torch.device("cuda", local)
+    r, w, dev = common.start(cf, args.ccfuse_lib)
     E, H, F, T = args.experts_per_rank * w, args.hidden, args.ffn, args.tokens
     meta = {"tool": "torch_layers_check", "gpu": torch.cuda.get_device_name(dev), "world_size": w, "rank": r,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -141,21 +135,7 @@ def main():
             print("rank %d %-40s %s dropped %d  %s" % (r, label, "  ".join("%s %.2e" % kv for kv in errs.items()),
                                                       dropped, "ok" if ok else "FAIL"), flush=True)
             layer.experts.close()
-    if args.json:
-        gathered = [None] * w
-        dist.all_gather_object(gathered, records)
-        if r == 0:
-            with open(args.json, "a") as f:
-                for recs in gathered:
-                    for rec in recs:
-                        f.write(json.dumps(rec) + "\n")
-    total = torch.tensor([failures], device=dev)
-    dist.all_reduce(total)
-    cf.finalize()
-    dist.destroy_process_group()
-    if r == 0:
-        print("torch_layers_check: %d failing case(s) over %d rank(s)" % (int(total.item()), w))
-    sys.exit(1 if total.item() else 0)
+    common.finish(cf, "torch_layers_check", records, failures, args.json, dev)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,14 @@ Prints one line per case (relative errors of y, x.grad, weight.grad) and exits 1
 calls); W >= 2 also the communication each backward transposes into."""
 import argparse
 import datetime
-import json
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from ccfuse import torch_ops as cf  # noqa: E402
+import torch_check_common as common  # noqa: E402 (tools/, the script's own folder)
 
 
 def rel_err(got, ref):
@@ -39,15 +38,10 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
-    r, w = dist.get_rank(), dist.get_world_size()
-    cf.init(args.ccfuse_lib)
+    r, w, dev = common.start(cf, args.ccfuse_lib)
     S, H, N = args.tokens, args.hidden, args.ffn
     assert S % w == 0 and N % w == 0, "tokens and ffn must be multiples of the world size"
     rows, cols = slice(r * S // w, (r + 1) * S // w), slice(r * N // w, (r + 1) * N // w)
-    dev = torch.device("cuda", local)
     failures, records = 0, []
     meta = {"tool": "torch_tp_linear_check", "gpu": torch.cuda.get_device_name(dev),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -115,21 +109,7 @@ def main():
             print("%-28s %-8s W=%d  y %.2e  gathered %s  %s" % ("ag_gemm_gathered", str(dtype).replace("torch.", ""),
                                                                 w, e, "exact" if exact else "DIFFERS",
                                                                 "ok" if ok else "FAIL"), flush=True)
-    if args.json:
-        gathered_records = [None] * w
-        dist.all_gather_object(gathered_records, records)
-        if r == 0:
-            with open(args.json, "a") as f:
-                for recs in gathered_records:
-                    for rec in recs:
-                        f.write(json.dumps(rec) + "\n")
-    total = torch.tensor([failures], device=dev)
-    dist.all_reduce(total)
-    cf.finalize()
-    dist.destroy_process_group()
-    if r == 0:
-        print("torch_tp_linear_check: %d failing case(s) over %d rank(s)" % (int(total.item()), w))
-    sys.exit(1 if total.item() else 0)
+    common.finish(cf, "torch_tp_linear_check", records, failures, args.json, dev)
 
 
 if __name__ == "__main__":

@@ -41,25 +41,24 @@ def _divisible(name, value, w, what):
         raise ValueError("%s %d must be a positive multiple of the world size %d (%s)" % (name, value, w, what))
 
 
-class ColumnParallelLinear(nn.Module):
-    """y = x W^T + b with the output features split over the Team: weight [out/W, in], bias [out/W].
+class _ParallelLinear(nn.Module):
+    """A Megatron linear's shard: weight [out, in] with one dimension split over the Team (split:
+    0 = the outputs, 1 = the inputs), bias [out] or its shard, nn.Linear's initialisation bound."""
 
-    sequence_parallel=True: x is this rank's rows [S/W, in] and y all rows of this rank's columns
-    [S, out/W] (ag_gemm forward; gemm_rs for x's gradient). False: x [S, in] replicated, y [S, out/W]
-    (a local GEMM; gemm_ar for x's gradient). save_gathered keeps the gathered x for the weight's
-    gradient (S x in more memory) instead of gathering it again in the backward."""
-
-    def __init__(self, in_features, out_features, bias=False, sequence_parallel=True, save_gathered=False,
-                 dtype=torch.bfloat16, device=None):
+    def __init__(self, in_features, out_features, split, bias, sequence_parallel, dtype, device):
         super().__init__()
         w = _world_size()
-        _divisible("out_features", out_features, w, "ColumnParallelLinear splits its outputs")
-        self.in_features, self.out_features = in_features, out_features
-        self.sequence_parallel, self.save_gathered = sequence_parallel, save_gathered
+        if split == 0:
+            _divisible("out_features", out_features, w, "ColumnParallelLinear splits its outputs")
+        else:
+            _divisible("in_features", in_features, w, "RowParallelLinear splits its inputs")
+        self.in_features, self.out_features, self.sequence_parallel = in_features, out_features, sequence_parallel
         device = _default_device(device)
-        self.weight = nn.Parameter(torch.empty(out_features // w, in_features, dtype=dtype, device=device))
+        shape = [out_features, in_features]
+        shape[split] //= w
+        self.weight = nn.Parameter(torch.empty(*shape, dtype=dtype, device=device))
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_features // w, dtype=dtype, device=device))
+            self.bias = nn.Parameter(torch.empty(shape[0], dtype=dtype, device=device))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -69,16 +68,31 @@ class ColumnParallelLinear(nn.Module):
         if self.bias is not None:
             _uniform_(self.bias, self.in_features)
 
+    def extra_repr(self):
+        return "in_features=%d, out_features=%d, this rank's weight %s, bias=%s, sequence_parallel=%s" % (
+            self.in_features, self.out_features, tuple(self.weight.shape), self.bias is not None,
+            self.sequence_parallel)
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """y = x W^T + b with the output features split over the Team: weight [out/W, in], bias [out/W].
+
+    sequence_parallel=True: x is this rank's rows [S/W, in] and y all rows of this rank's columns
+    [S, out/W] (ag_gemm forward; gemm_rs for x's gradient). False: x [S, in] replicated, y [S, out/W]
+    (a local GEMM; gemm_ar for x's gradient). save_gathered keeps the gathered x for the weight's
+    gradient (S x in more memory) instead of gathering it again in the backward."""
+
+    def __init__(self, in_features, out_features, bias=False, sequence_parallel=True, save_gathered=False,
+                 dtype=torch.bfloat16, device=None):
+        self.save_gathered = save_gathered
+        super().__init__(in_features, out_features, 0, bias, sequence_parallel, dtype, device)
+
     def forward(self, x):
         return cf.column_parallel_linear(x, self.weight, self.bias, sequence_parallel=self.sequence_parallel,
                                          save_gathered=self.save_gathered)
 
-    def extra_repr(self):
-        return "in_features=%d, out_features=%d (this rank: %d), bias=%s, sequence_parallel=%s" % (
-            self.in_features, self.out_features, self.weight.shape[0], self.bias is not None, self.sequence_parallel)
 
-
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ParallelLinear):
     """y = x W^T + b with the input features split over the Team: weight [out, in/W], bias [out]
     (the same on every rank, added after the reduction).
 
@@ -89,29 +103,10 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, in_features, out_features, bias=False, sequence_parallel=True, dtype=torch.bfloat16,
                  device=None):
-        super().__init__()
-        w = _world_size()
-        _divisible("in_features", in_features, w, "RowParallelLinear splits its inputs")
-        self.in_features, self.out_features, self.sequence_parallel = in_features, out_features, sequence_parallel
-        device = _default_device(device)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features // w, dtype=dtype, device=device))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        _uniform_(self.weight, self.in_features)
-        if self.bias is not None:
-            _uniform_(self.bias, self.in_features)
+        super().__init__(in_features, out_features, 1, bias, sequence_parallel, dtype, device)
 
     def forward(self, x):
         return cf.row_parallel_linear(x, self.weight, self.bias, sequence_parallel=self.sequence_parallel)
-
-    def extra_repr(self):
-        return "in_features=%d (this rank: %d), out_features=%d, bias=%s, sequence_parallel=%s" % (
-            self.in_features, self.weight.shape[1], self.out_features, self.bias is not None, self.sequence_parallel)
 
 
 class MoeExperts(nn.Module):
