@@ -10,10 +10,12 @@ reference (all tokens through all experts, fp32, torch autograd; loss = sum over
 relative error (norm) <= 2e-2 (bf16 kernels; the weight gradients sum over all ranks' rows).
 Cases: uniform top-2, ragged tokens per rank with dropped slots, every token's first slot on one
 expert (the other experts mostly empty), top-8 of 16 experts, a rank with no tokens (W > 1).
-Each case with each --backward mode (unfused: ccfuse.moe_grad; fused: ccfuse's MoeFfnBackward).
+Each case with each --backward mode (unfused: ccfuse.moe_grad; fused: ccfuse's MoeFfnBackward;
+fused_keep: the same with recompute=False, the forward keeping layer 0's pre-activation).
 Then the timing (CUDA events, interleaved rounds, medians) on a Qwen3-30B-A3B-like layer (H 2048,
 F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward per mode, the
-fused backward's kernels (d x, d topk_w) and weight gradients (torch._grouped_mm) alone; at W = 1 also
+fused backward's kernels (d x, d topk_w) and weight gradients (torch._grouped_mm) alone, the
+forward that keeps h and the kernels that read it (fused_keep); at W = 1 also
 a pure torch layer (sort, torch._grouped_mm, SwiGLU, index_add; torch autograd) for scale.
 --inject-fault scales one row of d x after the backward: the check must then fail (exit 1).
 """
@@ -74,6 +76,12 @@ def torch_layer(x, ids, w, w1, w2):
     return torch.zeros((t, x.shape[1]), dtype=torch.float32, device=x.device).index_add(0, tok, y).to(x.dtype)
 
 
+def make_ffn(p1, p2, experts, topk, max_tokens, mode):
+    """torch_ops.MoeFfn for a backward mode: unfused, fused, or fused_keep (recompute=False)."""
+    return cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max_tokens,
+                     backward="fused" if mode == "fused_keep" else mode, recompute=mode != "fused_keep")
+
+
 def time_ms(fns, iters, warmup):
     times = {name: [] for name in fns}
     torch.cuda.synchronize()
@@ -100,7 +108,9 @@ def main():
     ap.add_argument("--inject-fault", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="skip the correctness cases")
-    ap.add_argument("--backward", default="unfused,fused", help="MoeFfn backward modes to check (comma-separated)")
+    ap.add_argument("--backward", default="unfused,fused,fused_keep",
+                    help="MoeFfn backward modes to check (comma-separated; fused_keep: backward='fused', "
+                         "recompute=False)")
     ap.add_argument("--borrow-comm", action="store_true",
                     help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
     args = ap.parse_args()
@@ -139,7 +149,7 @@ def main():
         p2 = w2[mine].clone().requires_grad_()
         x = xs[rank].clone().requires_grad_()
         wt = ws[rank].clone().requires_grad_()
-        ffn = cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max(max(tokens), 1), backward=mode)
+        ffn = make_ffn(p1, p2, experts, topk, max(max(tokens), 1), mode)
         y = ffn(x, ids[rank], wt)
         y.backward(gs[rank])
         if args.inject_fault and ci == 0 and x.grad.shape[0]:
@@ -171,7 +181,7 @@ def main():
         mine = slice(rank * e_local, (rank + 1) * e_local)
         p1, p2 = w1[mine].clone().requires_grad_(), w2[mine].clone().requires_grad_()
         x, wt = xs[rank].clone().requires_grad_(), ws[rank].clone().requires_grad_()
-        ffns = {mode: cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=t, backward=mode) for mode in modes}
+        ffns = {mode: make_ffn(p1, p2, experts, topk, t, mode) for mode in modes}
 
         def fwd():
             with torch.no_grad():
@@ -187,6 +197,12 @@ def main():
             ff, xd, wd, p1d, p2d = ffns["fused"], x.detach(), wt.detach(), p1.detach(), p2.detach()
             fns["fused_bwd_kernels"] = lambda: ff._fused_backward_kernels(xd, ids[rank], wd, gs[rank], p1d, p2d)
             fns["fused_bwd_wgrad"] = lambda: ff._fused_wgrad(xd, p1d)
+        if "fused_keep" in modes:  # the training forward that keeps h, and the kernels that read it
+            fk, xd, wd, p1d, p2d = ffns["fused_keep"], x.detach(), wt.detach(), p1.detach(), p2.detach()
+            kept = fk._run(xd, ids[rank], wd, keep_h=True)[1]
+            fns["ccfuse_fwd_keep"] = lambda: fk._run(xd, ids[rank], wd, keep_h=True)
+            fns["fused_keep_bwd_kernels"] = lambda: fk._fused_backward_kernels(xd, ids[rank], wd, gs[rank], p1d, p2d,
+                                                                               kept)
         if world == 1:
             def t_fwd():
                 with torch.no_grad():

@@ -121,7 +121,7 @@ class MoeExperts(nn.Module):
     followed by w1's version counter) call materialize()."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, imbalance=0.0, backward="fused",
-                 dtype=torch.bfloat16, device=None):
+                 recompute=True, dtype=torch.bfloat16, device=None):
         super().__init__()
         w = _world_size()
         _divisible("num_experts", num_experts, w, "each rank holds num_experts / W experts")
@@ -129,6 +129,10 @@ class MoeExperts(nn.Module):
             raise ValueError("topk %d must be in [1, num_experts %d]" % (topk, num_experts))
         if backward not in ("fused", "unfused"):
             raise ValueError("backward must be 'fused' or 'unfused', got %r" % (backward,))
+        if recompute not in (True, False) or (not recompute and backward != "fused"):
+            raise ValueError("recompute must be True, or False (the forward keeps h) with backward='fused'; got "
+                             "recompute=%r, backward=%r" % (recompute, backward))
+        self.recompute = recompute
         self.hidden, self.ffn, self.num_experts, self.topk = hidden, ffn, num_experts, topk
         self.max_tokens, self.imbalance, self.backward = max_tokens, imbalance, backward
         device = _default_device(device)
@@ -152,7 +156,8 @@ class MoeExperts(nn.Module):
         if self._layer is not None:
             self._layer.close()
         self._layer = cf.MoeFfn(self.w1, self.w2, num_experts=self.num_experts, topk=self.topk,
-                                max_tokens=self.max_tokens, imbalance=self.imbalance, backward=self.backward)
+                                max_tokens=self.max_tokens, imbalance=self.imbalance, backward=self.backward,
+                                recompute=self.recompute)
         return self
 
     def forward(self, x, topk_ids, topk_w):
@@ -171,8 +176,9 @@ class MoeExperts(nn.Module):
             self._layer = None
 
     def extra_repr(self):
-        return "hidden=%d, ffn=%d, num_experts=%d (this rank: %d), topk=%d, max_tokens=%d, backward=%s" % (
-            self.hidden, self.ffn, self.num_experts, self.w1.shape[0], self.topk, self.max_tokens, self.backward)
+        return ("hidden=%d, ffn=%d, num_experts=%d (this rank: %d), topk=%d, max_tokens=%d, backward=%s, "
+                "recompute=%s" % (self.hidden, self.ffn, self.num_experts, self.w1.shape[0], self.topk,
+                                  self.max_tokens, self.backward, self.recompute))
 
 
 def router_weights(logits, topk_ids, topk_w, score="softmax", normalize=True, bias=None, drops=True):
@@ -213,7 +219,7 @@ class MoeLayer(nn.Module):
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, score="softmax", normalize=True,
                  capacity_factor=0.0, drop="position", bias_update_rate=0.0, imbalance=0.0, backward="fused",
-                 dtype=torch.bfloat16, device=None):
+                 recompute=True, dtype=torch.bfloat16, device=None):
         super().__init__()
         if score not in ("softmax", "sigmoid"):
             raise ValueError("score must be 'softmax' or 'sigmoid', got %r" % (score,))
@@ -225,7 +231,7 @@ class MoeLayer(nn.Module):
         self.topk, self.score, self.normalize = topk, score, normalize
         self.capacity_factor, self.drop, self.bias_update_rate = float(capacity_factor), drop, float(bias_update_rate)
         self.experts = MoeExperts(hidden, ffn, num_experts, topk, max_tokens, imbalance=imbalance,
-                                  backward=backward, dtype=dtype, device=device)
+                                  backward=backward, recompute=recompute, dtype=dtype, device=device)
         self.gate = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32, device=device))
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
         # the step's count, not state: left out of state_dict

@@ -619,13 +619,22 @@ class MoeFfn:
     and grouped GEMMs; one host sync, so eager mode only). w1's
     permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
     counter; after writes through w1.data call refresh_weights().
+    recompute (backward="fused" only): True recomputes layer 0's pre-activation h in the backward
+    (the forward keeps only its inputs); False has the training forward keep h, [max_rows, 2F] bf16
+    per call (max_rows = max_tokens * topk * world size), and the backward skip layer 0's GEMM for
+    x (docs/moe-layers.md, "The backward pass").
     """
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused"):
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True):
         lib = _need_lib()
         if backward not in ("unfused", "fused"):
             raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
                              "got %r" % (backward,))
+        if recompute not in (True, False):
+            raise ValueError("recompute must be True (the backward recomputes h) or False (the forward keeps h), "
+                             "got %r" % (recompute,))
+        if not recompute and backward != "fused":
+            raise ValueError("recompute=False keeps h for backward='fused'; backward=%r recomputes it" % (backward,))
         _check("w1", w1, 3)
         _check("w2", w2, 3)
         e_local, two_f, h = w1.shape
@@ -642,7 +651,8 @@ class MoeFfn:
         self._w1_version = getattr(w1, "_version", None)
         self.w2 = w2
         self.hidden, self.topk, self.max_tokens, self.num_experts = h, topk, max_tokens, num_experts
-        self.ffn, self.imbalance, self.backward = f, imbalance, backward
+        self.ffn, self.imbalance, self.backward, self.recompute = f, imbalance, backward, recompute
+        self._max_rows = None  # of the forward's layer (rows of the kept h), asked at first use
         self._bwd = None  # the fused backward's handle, made at its first use (collective: every rank's
         #                   first backward, as every rank runs the same layers)
         self._ffn = lib.moe_ffn_create(max_tokens, h, f, num_experts, topk, swiglu=True, b_kn=False,
@@ -676,16 +686,31 @@ class MoeFfn:
             torch.index_select(self._w1_src.detach(), 1, self._perm, out=self.w1)
         self._w1_version = getattr(self._w1_src, "_version", None)
 
-    def _run(self, x, topk_ids, topk_w, out=None):
+    def _h_shape(self):
+        """The kept pre-activation's shape: [max_rows, 2F] (rows in the forward's receive order)."""
+        if self._max_rows is None:
+            if self._ffn is None:
+                raise ValueError("this MoeFfn was closed")
+            self._max_rows = self._ffn.max_rows()
+        return (self._max_rows, 2 * self.ffn)
+
+    def _run(self, x, topk_ids, topk_w, out=None, keep_h=False):
+        """y, or (y, h) with keep_h: h = layer 0's pre-activation for the fused backward."""
         t = self._checked(x, topk_ids, topk_w)
         if self._ffn is None:
             raise ValueError("this MoeFfn was closed")
         if getattr(self._w1_src, "_version", None) != self._w1_version:
             self.refresh_weights()
         y = _out("out", out, (t, self.hidden), x)
-        self._ffn.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), self.w1.data_ptr(),
-                      self.w2.data_ptr(), y.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
-        return y
+        args = (x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), self.w1.data_ptr(), self.w2.data_ptr(),
+                y.data_ptr())
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        if not keep_h:
+            self._ffn.run(*args, stream)
+            return y
+        h = x.new_empty(self._h_shape())
+        self._ffn.run_keep(*args, h.data_ptr(), stream)
+        return y, h
 
     def __call__(self, x, topk_ids, topk_w, out=None):
         if _needs_grad(x, topk_w, self._w1_src, self.w2):
@@ -704,8 +729,13 @@ class MoeFfn:
         out.copy_(y)
         return out
 
-    def _checked_backward(self, x, topk_ids, topk_w, g, w1, w2):
+    def _checked_backward(self, x, topk_ids, topk_w, g, w1, w2, h=None):
         t = self._checked(x, topk_ids, topk_w)
+        if h is not None:
+            _check("h", h, 2)
+            if tuple(h.shape) != self._h_shape():
+                raise ValueError("h (the forward's kept pre-activation) must be %s, got %s" % (
+                    self._h_shape(), tuple(h.shape)))
         _check("g", g, 2)
         if tuple(g.shape) != tuple(x.shape):
             raise ValueError("g (the output's gradient) must be [%s, %d] like x, got %s" % (t, self.hidden,
@@ -716,16 +746,17 @@ class MoeFfn:
                 raise ValueError("%s must be the layer's %s, got %s" % (name, tuple(want.shape), tuple(w.shape)))
         return t
 
-    def _fused_backward(self, x, topk_ids, topk_w, g, w1, w2):
+    def _fused_backward(self, x, topk_ids, topk_w, g, w1, w2, h=None):
         """ccfuse's MoeFfnBackward for d x and d topk_w; the weight gradients by torch._grouped_mm
-        over its operands (the received rows, per local expert), on the same stream."""
-        dx, dw = self._fused_backward_kernels(x, topk_ids, topk_w, g, w1, w2)
+        over its operands (the received rows, per local expert), on the same stream. h: the
+        forward's kept pre-activation (recompute=False), or None to recompute it."""
+        dx, dw = self._fused_backward_kernels(x, topk_ids, topk_w, g, w1, w2, h)
         dw1, dw2 = self._fused_wgrad(x, w1)
         return dx, dw, dw1, dw2
 
-    def _fused_backward_kernels(self, x, topk_ids, topk_w, g, w1, w2):
+    def _fused_backward_kernels(self, x, topk_ids, topk_w, g, w1, w2, h=None):
         """MoeFfnBackward's kernels: d x and d topk_w (both layers, the rows left for _fused_wgrad)."""
-        self._checked_backward(x, topk_ids, topk_w, g, w1, w2)
+        self._checked_backward(x, topk_ids, topk_w, g, w1, w2, h)
         if self._bwd is None:
             self._bwd = _need_lib().moe_ffn_backward_create(self.max_tokens, self.hidden, self.ffn, self.num_experts,
                                                             self.topk, swiglu=True, b_kn=False, w1_swiglu_tiles=False,
@@ -733,8 +764,12 @@ class MoeFfn:
         t = x.shape[0]
         dx = torch.empty_like(x)
         dw = torch.empty((t, self.topk), dtype=torch.float32, device=x.device)
-        self._bwd.run(x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), w1.data_ptr(), w2.data_ptr(),
-                      g.data_ptr(), dx.data_ptr(), dw.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream)
+        args = (x.data_ptr(), t, topk_ids.data_ptr(), topk_w.data_ptr(), w1.data_ptr(), w2.data_ptr(), g.data_ptr())
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        if h is None:
+            self._bwd.run(*args, dx.data_ptr(), dw.data_ptr(), stream)
+        else:
+            self._bwd.run_saved(*args, h.data_ptr(), dx.data_ptr(), dw.data_ptr(), stream)
         return dx, dw
 
     def _fused_wgrad(self, x, w1):
@@ -765,15 +800,21 @@ class _MoeFfnFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, topk_w, w1, w2, topk_ids, key):
         ctx.key = key
-        ctx.save_for_backward(x, topk_w, w1, w2, topk_ids)
-        if _compiling():
-            return torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, key)
-        return _moe_ffns[int(key)]._run(x, topk_ids, topk_w)
+        ffn = _moe_ffn_of(key)
+        h = None
+        if ffn.recompute:
+            y = torch.ops.ccfuse.moe_ffn(x, topk_ids, topk_w, key) if _compiling() else ffn._run(x, topk_ids, topk_w)
+        elif _compiling():
+            y, h = torch.ops.ccfuse.moe_ffn_keep(x, topk_ids, topk_w, key)
+        else:
+            y, h = ffn._run(x, topk_ids, topk_w, keep_h=True)
+        ctx.save_for_backward(x, topk_w, w1, w2, topk_ids, h)
+        return y
 
     @staticmethod
     def backward(ctx, g):
         from . import moe_grad
-        x, topk_w, w1, w2, topk_ids = ctx.saved_tensors
+        x, topk_w, w1, w2, topk_ids, h = ctx.saved_tensors
         ffn = _moe_ffns.get(int(ctx.key))
         if ffn is None:
             raise ValueError("MoeFfn backward: the layer was closed after its forward")
@@ -781,9 +822,9 @@ class _MoeFfnFn(torch.autograd.Function):
         if ffn.backward == "fused":
             args = (x, topk_ids, topk_w, g.contiguous(), w1.contiguous(), w2.contiguous())
             if _compiling():  # no host sync in it: one custom op in the compiled backward graph
-                dx, dw, dw1, dw2 = torch.ops.ccfuse.moe_ffn_backward(*args, ctx.key)
+                dx, dw, dw1, dw2 = torch.ops.ccfuse.moe_ffn_backward(*args, ctx.key, h)
             else:
-                dx, dw, dw1, dw2 = ffn._fused_backward(*args)
+                dx, dw, dw1, dw2 = ffn._fused_backward(*args, h)
             return (dx if need[0] else None, dw if need[1] else None, dw1 if need[2] else None,
                     dw2 if need[3] else None, None, None)
         if _need_lib().world_size() > 1:
@@ -884,17 +925,28 @@ def _register_custom_ops():
         ffn = _moe_ffn_of(handle)
         return x.new_empty((ffn._checked(x, topk_ids, topk_w), ffn.hidden))
 
+    # MoeFfn(recompute=False)'s training forward: (y, h), h its layer 0's pre-activation.
+    @library.custom_op("ccfuse::moe_ffn_keep", mutates_args=())
+    def moe_ffn_keep_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, handle: str) -> Tuple[Tensor, Tensor]:
+        return _moe_ffn_of(handle)._run(x, topk_ids, topk_w, keep_h=True)
+
+    @moe_ffn_keep_op.register_fake
+    def _(x, topk_ids, topk_w, handle):
+        ffn = _moe_ffn_of(handle)
+        return x.new_empty((ffn._checked(x, topk_ids, topk_w), ffn.hidden)), x.new_empty(ffn._h_shape())
+
     # MoeFfn(backward="fused")'s backward: (d x, d topk_w, d w1, d w2) for the caller's w1 (gate rows,
-    # then up rows) and w2; the fused forward's inputs again (it recomputes what it needs).
+    # then up rows) and w2; the fused forward's inputs again, and h, the forward's kept
+    # pre-activation (None: recomputed).
     @library.custom_op("ccfuse::moe_ffn_backward", mutates_args=())
     def moe_ffn_backward_op(x: Tensor, topk_ids: Tensor, topk_w: Tensor, g: Tensor, w1: Tensor, w2: Tensor,
-                            handle: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return _moe_ffn_of(handle)._fused_backward(x, topk_ids, topk_w, g, w1, w2)
+                            handle: str, h: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return _moe_ffn_of(handle)._fused_backward(x, topk_ids, topk_w, g, w1, w2, h)
 
     @moe_ffn_backward_op.register_fake
-    def _(x, topk_ids, topk_w, g, w1, w2, handle):
+    def _(x, topk_ids, topk_w, g, w1, w2, handle, h):
         ffn = _moe_ffn_of(handle)
-        t = ffn._checked_backward(x, topk_ids, topk_w, g, w1, w2)
+        t = ffn._checked_backward(x, topk_ids, topk_w, g, w1, w2, h)
         return (x.new_empty((t, ffn.hidden)), topk_w.new_empty((t, ffn.topk)), w1.new_empty(tuple(w1.shape)),
                 w2.new_empty(tuple(w2.shape)))
     return True

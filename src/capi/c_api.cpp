@@ -292,6 +292,17 @@ int ccfuse_moe_ffn_backward_run(ccfuse_moe_ffn_backward* bwd, const void* x, int
   });
 }
 
+int ccfuse_moe_ffn_backward_run_saved(ccfuse_moe_ffn_backward* bwd, const void* x, int64_t num_tokens,
+                                      const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
+                                      const void* g, const void* h_saved, void* dx, float* dtopk_w, void* stream) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(bwd != nullptr, "bwd must be a handle from ccfuse_moe_ffn_backward_create, got null");
+    CCFUSE_ARG_CHECK(h_saved != nullptr, "h_saved must be the forward's preact_out (ccfuse_moe_ffn_run_keep), got "
+                     "null (ccfuse_moe_ffn_backward_run recomputes it)");
+    bwd->bwd->run(x, num_tokens, topk_ids, topk_w, w1, w2, g, dx, dtopk_w, static_cast<cudaStream_t>(stream), h_saved);
+  });
+}
+
 int ccfuse_moe_ffn_backward_operands(ccfuse_moe_ffn_backward* bwd, const void** x_rows, const void** dh_rows,
                                      const void** g_rows, const void** pa_rows, const int32_t** expert_rows,
                                      int64_t* max_rows) {
@@ -319,6 +330,24 @@ int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, c
   return guarded([&] {
     CCFUSE_ARG_CHECK(ffn != nullptr, "ffn must be a handle from ccfuse_moe_ffn_create, got null");
     ffn->ffn->run(x, num_tokens, topk_ids, topk_w, w1, w2, out, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int ccfuse_moe_ffn_run_keep(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
+                            const float* topk_w, const void* w1, const void* w2, void* out, void* preact_out,
+                            void* stream) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(ffn != nullptr, "ffn must be a handle from ccfuse_moe_ffn_create, got null");
+    CCFUSE_ARG_CHECK(preact_out != nullptr, "preact_out must be a device buffer of ccfuse_moe_ffn_max_rows rows, "
+                     "got null (ccfuse_moe_ffn_run keeps nothing)");
+    ffn->ffn->run(x, num_tokens, topk_ids, topk_w, w1, w2, out, static_cast<cudaStream_t>(stream), preact_out);
+  });
+}
+
+int ccfuse_moe_ffn_max_rows(ccfuse_moe_ffn* ffn, int64_t* out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(ffn != nullptr && out != nullptr, "ffn and out must not be null");
+    *out = ffn->ffn->max_rows();
   });
 }
 

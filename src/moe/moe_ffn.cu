@@ -617,6 +617,17 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   int2* row_src[kMaxMoeRanks] = {};
   float* row_w[kMaxMoeRanks] = {};
 
+  // MoeFfn::run_layer0's h_out: the pre-activation rows [max_rows, 2F] (SwiGLU's tile column
+  // order; F columns without SwiGLU), for a backward pass that reads them instead of recomputing.
+  static constexpr bool kPreactOut = true;
+  E* preact = nullptr;
+  int64_t preact_ld = 0;
+  __device__ bool preact_enabled() const { return preact != nullptr; }
+  __device__ E* preact_out(const gemm::TileWork& w, int64_t& ld) const {
+    ld = preact_ld;
+    return preact + w.row0 * preact_ld;
+  }
+
   __device__ bool sends(const gemm::TileWork&) const { return false; }
   __device__ void send(const gemm::TileWork&, int, int) const {}
   __device__ void notify_sent(const gemm::TileWork&) const {}
@@ -1619,7 +1630,7 @@ void launch_layer_pingpong(bool nk, int64_t m, int64_t n, int64_t k, const void*
 }  // namespace
 
 void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w,
-                        const void* w1, cudaStream_t stream) {
+                        const void* w1, cudaStream_t stream, void* preact_out, bool gemm) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
   s.team.check_watchdog();
@@ -1630,6 +1641,13 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_ARG_CHECK(topk_ids != nullptr && topk_w != nullptr, "topk_ids and topk_w must be device pointers");
   }
   check_ptr(w1, "w1");
+  if (preact_out != nullptr) {
+    check_ptr(preact_out, "preact_out");
+    CCFUSE_ARG_CHECK(gemm, "preact_out needs layer 0's GEMM (gemm = true)");
+    const size_t bytes = size_t(s.max_rows * s.l0_cols()) * 2;
+    CCFUSE_ARG_CHECK(x == nullptr || !bytes_overlap(preact_out, bytes, x, size_t(num_tokens * d.hidden) * 2),
+                     "preact_out must not overlap x");
+  }
   if (s.cfg.check_routing && num_tokens > 0) {
     // Host sync (off by default): ids outside [-1, E) are counted as dropped otherwise.
     const int32_t none = INT32_MAX;
@@ -1713,7 +1731,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   sched.diag_no_wait = no_send || (diag != nullptr && std::strstr(diag, "nowait") != nullptr);
   // "l0sendonly": layer 0's kernel with no tiles, so that only its send warps' dispatch runs
   // (against NCCL's all-to-all of the same rows: how fast the send warps move them on their own).
-  sched.diag_no_tiles = diag != nullptr && std::strstr(diag, "l0sendonly") != nullptr;
+  sched.diag_no_tiles = !gemm || (diag != nullptr && std::strstr(diag, "l0sendonly") != nullptr);
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   auto fill = [&](auto& epi) {
     epi.diag_no_send = no_send;
@@ -1732,6 +1750,8 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.unit_done = s.plan.unit_done;
     epi.stripe_rows = s.cfg.stripe_rows;
     epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;
+    epi.preact = static_cast<E*>(preact_out);
+    epi.preact_ld = s.l0_cols();
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));
@@ -1938,13 +1958,18 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
 }
 
 void MoeFfn::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-                 const void* w2, void* out, cudaStream_t stream) {
+                 const void* w2, void* out, cudaStream_t stream, void* preact_out) {
   const MoeFfnDesc& d = s_->desc;
   if (num_tokens > 0 && out != nullptr && x != nullptr) {
     const size_t bytes = size_t(num_tokens * d.hidden) * 2;
     CCFUSE_ARG_CHECK(!bytes_overlap(out, bytes, x, bytes), "out must not overlap x");
   }
-  run_layer0(x, num_tokens, topk_ids, topk_w, w1, stream);
+  if (preact_out != nullptr && num_tokens > 0 && out != nullptr) {
+    const size_t bytes = size_t(num_tokens * d.hidden) * 2;
+    CCFUSE_ARG_CHECK(!bytes_overlap(out, bytes, preact_out, size_t(s_->max_rows * s_->l0_cols()) * 2),
+                     "out must not overlap preact_out");
+  }
+  run_layer0(x, num_tokens, topk_ids, topk_w, w1, stream, preact_out);
   run_layer1(num_tokens, topk_ids, w2, out, stream);
 }
 

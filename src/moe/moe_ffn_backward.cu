@@ -44,18 +44,23 @@ __device__ inline void store8(__nv_bfloat16* p, const float (&f)[kVec]) {
 // Per received row r < row_prefix[groups] (one block a row, grid-stride): from h (layer 0's
 // pre-activation, [rows, L] with L = 2F for SwiGLU, F otherwise), u = g W2^T ([rows, F]) and the
 // router weight p: a = act(h) rounded to bf16 (as the forward rounds it between the layers),
-// dp[r] = <u, a> (fp32), d h = act'(h, p u) into h, p a into u. SwiGLU's gate column j is h's
-// column j (tiles = false: gate rows then up rows) or (j / 128) * 256 + j % 128 (tiles: the
-// forward's swiglu_column_permutation order); up's is F + j, or that + 128.
-template <bool kSwiglu, bool kTiles>
-__global__ void __launch_bounds__(kRowThreads) act_backward_kernel(__nv_bfloat16* h, __nv_bfloat16* u, const float* p,
+// dp[r] = <u, a> (fp32), d h = act'(h, p u) into dh (h itself when recomputed, or the next
+// layer's input when h is the forward's saved copy), p a into u. SwiGLU's gate column j is
+// column j (tile order false: gate rows then up rows) or (j / 128) * 256 + j % 128 (true: the
+// forward's swiglu_column_permutation order); up's is F + j, or that + 128; h and dh each in
+// their own order (kSrcTiles, kDstTiles).
+template <bool kSwiglu, bool kSrcTiles, bool kDstTiles>
+__global__ void __launch_bounds__(kRowThreads) act_backward_kernel(const __nv_bfloat16* h, __nv_bfloat16* dh,
+                                                                   __nv_bfloat16* u, const float* p,
                                                                    const int64_t* row_prefix, int groups, int64_t ffn,
                                                                    float* dp) {
   __shared__ float partial[kRowThreads / 32];
   const int64_t rows = row_prefix[groups];
   const int64_t l = kSwiglu ? 2 * ffn : ffn;
+  const auto gate_col = [](int64_t j, bool tiles) { return tiles ? (j / 128) * 256 + j % 128 : j; };
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    __nv_bfloat16* hr = h + r * l;
+    const __nv_bfloat16* hr = h + r * l;
+    __nv_bfloat16* dhr = dh + r * l;
     __nv_bfloat16* ur = u + r * ffn;
     const float pr = p[r];
     float acc = 0.f;
@@ -63,8 +68,8 @@ __global__ void __launch_bounds__(kRowThreads) act_backward_kernel(__nv_bfloat16
       float uu[kVec], out_u[kVec];
       load8(ur + j, uu);
       if constexpr (kSwiglu) {
-        const int64_t gc = kTiles ? (j / 128) * 256 + j % 128 : j;
-        const int64_t uc = kTiles ? gc + 128 : ffn + j;
+        const int64_t gc = gate_col(j, kSrcTiles), uc = kSrcTiles ? gc + 128 : ffn + j;
+        const int64_t gd = gate_col(j, kDstTiles), ud = kDstTiles ? gd + 128 : ffn + j;
         float gt[kVec], up[kVec], dg[kVec], du[kVec];
         load8(hr + gc, gt);
         load8(hr + uc, up);
@@ -79,18 +84,18 @@ __global__ void __launch_bounds__(kRowThreads) act_backward_kernel(__nv_bfloat16
           du[i] = da * silu;
           out_u[i] = pr * a;
         }
-        store8(hr + gc, dg);
-        store8(hr + uc, du);
+        store8(dhr + gd, dg);
+        store8(dhr + ud, du);
       } else {
-        float a[kVec], dh[kVec];
+        float a[kVec], d[kVec];
         load8(hr + j, a);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
           acc += uu[i] * a[i];
-          dh[i] = pr * uu[i];
+          d[i] = pr * uu[i];
           out_u[i] = pr * a[i];
         }
-        store8(hr + j, dh);
+        store8(dhr + j, d);
       }
       store8(ur + j, out_u);
     }
@@ -174,11 +179,14 @@ MoeFfnBackward::MoeFfnBackward(comm::Team& team, const MoeFfnDesc& d, bool w1_sw
 MoeFfnBackward::~MoeFfnBackward() = default;
 
 void MoeFfnBackward::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w,
-                         const void* w1, const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream) {
+                         const void* w1, const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream,
+                         const void* h_saved) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
   CCFUSE_ARG_CHECK(w2 != nullptr && reinterpret_cast<uintptr_t>(w2) % 16 == 0,
                    "w2 must be a 16-byte aligned device pointer");
+  CCFUSE_ARG_CHECK(h_saved == nullptr || reinterpret_cast<uintptr_t>(h_saved) % 16 == 0,
+                   "h_saved must be a 16-byte aligned device pointer (or null: recompute)");
   if (num_tokens > 0) {
     for (auto [p, name] : {std::pair<const void*, const char*>{g, "g"}, {dx, "dx"}, {dtopk_w, "dtopk_w"}})
       CCFUSE_ARG_CHECK(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, name,
@@ -186,22 +194,31 @@ void MoeFfnBackward::run(const void* x, int64_t num_tokens, const int32_t* topk_
     const size_t bytes = size_t(num_tokens * d.hidden) * 2;
     CCFUSE_ARG_CHECK(!bytes_overlap(dx, bytes, g, bytes), "dx must not overlap g");
     CCFUSE_ARG_CHECK(x == nullptr || !bytes_overlap(dx, bytes, x, bytes), "dx must not overlap x");
+    if (h_saved != nullptr) {
+      const size_t h_bytes = size_t(s.fwd->max_rows() * (d.swiglu ? 2 * d.ffn : d.ffn)) * 2;
+      CCFUSE_ARG_CHECK(!bytes_overlap(dx, bytes, h_saved, h_bytes), "dx must not overlap h_saved");
+    }
   }
-  // 1, 2: both dispatches and their GEMMs (the same routing: the same receive order)
-  s.fwd->run_layer0(x, num_tokens, topk_ids, s.ones, w1, stream);
+  // 1, 2: both dispatches and their GEMMs (the same routing: the same receive order); with
+  // h_saved x's dispatch alone (its rows for d W1)
+  s.fwd->run_layer0(x, num_tokens, topk_ids, s.ones, w1, stream, nullptr, h_saved == nullptr);
   s.bwd->run_layer0(g, num_tokens, topk_ids, topk_w, w2, stream);
   // 3: the activation's backward, row by row
   const MoeFfn::Layer0View f = s.fwd->layer0_view(), b = s.bwd->layer0_view();
   const int sms = gemm::current_device_sms();
-  auto* h = static_cast<__nv_bfloat16*>(f.out);
+  auto* dh = static_cast<__nv_bfloat16*>(f.out);
+  const auto* h = h_saved != nullptr ? static_cast<const __nv_bfloat16*>(h_saved) : dh;
   auto* u = static_cast<__nv_bfloat16*>(b.out);
   const int blocks = 8 * sms;
-  if (d.swiglu && s.tiles)
-    act_backward_kernel<true, true><<<blocks, kRowThreads, 0, stream>>>(h, u, b.row_w, f.row_prefix, f.groups, d.ffn, s.dp);
-  else if (d.swiglu)
-    act_backward_kernel<true, false><<<blocks, kRowThreads, 0, stream>>>(h, u, b.row_w, f.row_prefix, f.groups, d.ffn, s.dp);
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks, kRowThreads, 0, stream>>>(h, dh, u, b.row_w, f.row_prefix, f.groups, d.ffn, s.dp);
+  };
+  if (!d.swiglu)
+    launch(act_backward_kernel<false, false, false>);
+  else if (h_saved != nullptr)  // the forward's h: always in its tile order
+    s.tiles ? launch(act_backward_kernel<true, true, true>) : launch(act_backward_kernel<true, true, false>);
   else
-    act_backward_kernel<false, false><<<blocks, kRowThreads, 0, stream>>>(h, u, b.row_w, f.row_prefix, f.groups, d.ffn, s.dp);
+    s.tiles ? launch(act_backward_kernel<true, true, true>) : launch(act_backward_kernel<true, false, false>);
   CCFUSE_CUDA_CHECK_LAUNCH();
   // 4: d x, combined at the owners (weights 1: the first FFN's row weights)
   s.fwd->run_layer1(num_tokens, topk_ids, w1, dx, stream);

@@ -1,7 +1,8 @@
 // MoeFfnBackward (ccfuse/moe/moe_ffn.h) against the fp64 reference ref::naive_moe_backward, built
 // on the host from exactly the bf16 values uploaded (fresh seed per run, printed): d x and d topk_w
 // (into NaN-poisoned buffers; dropped slots exactly 0), and the weight gradients computed on the
-// host in fp64 from wgrad_operands() (the received rows, d h, p a, rows per expert). W = 1 on one
+// host in fp64 from wgrad_operands() (the received rows, d h, p a, rows per expert); then again
+// with h kept by the forward (MoeFfn::run's preact_out, h_saved). W = 1 on one
 // GPU, or every local GPU / the one-GPU world's ranks (CCFUSE_TEST_ONE_GPU_RANKS). A second call
 // back to back must reproduce d x bit for bit.
 #include <cuda_runtime.h>
@@ -106,10 +107,14 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
   if (c.tiles) perm = gemm::swiglu_column_permutation(f, 256);
   else std::iota(perm.begin(), perm.end(), int64_t(0));
   const bool nk = c.layout == gemm::BLayout::kNK;
+  std::vector<int64_t> perm_fwd(static_cast<size_t>(fi));  // the forward's (MoeFfn::run) W1 order
+  if (c.swiglu) perm_fwd = gemm::swiglu_column_permutation(f, 256);
+  else std::iota(perm_fwd.begin(), perm_fwd.end(), int64_t(0));
 
   struct Rank {
     int64_t tokens = 0;
     std::vector<uint16_t> x, g, w1, w2;
+    std::vector<uint16_t> w1_fwd;  // w1 as the forward takes it (SwiGLU: tile order)
     std::vector<int32_t> ids;
     std::vector<float> weights;
   };
@@ -141,11 +146,15 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
     for (auto& v : w1) v = round(sym(gen) / std::sqrt(float(h)));
     for (auto& v : w2) v = round(sym(gen) / std::sqrt(float(f)));
     rk.w1.resize(w1.size());
+    rk.w1_fwd.resize(w1.size());
     rk.w2.resize(w2.size());
     for (int64_t e = 0; e < el; ++e) {
       for (int64_t p = 0; p < h; ++p)
-        for (int64_t i = 0; i < fi; ++i)
-          rk.w1[size_t(nk ? (e * fi + i) * h + p : (e * h + p) * fi + i)] = w1[size_t((e * h + p) * fi + perm[size_t(i)])];
+        for (int64_t i = 0; i < fi; ++i) {
+          const size_t at = size_t(nk ? (e * fi + i) * h + p : (e * h + p) * fi + i);
+          rk.w1[at] = w1[size_t((e * h + p) * fi + perm[size_t(i)])];
+          rk.w1_fwd[at] = w1[size_t((e * h + p) * fi + perm_fwd[size_t(i)])];
+        }
       for (int64_t j = 0; j < f; ++j)
         for (int64_t col = 0; col < h; ++col)
           rk.w2[size_t(nk ? (e * h + col) * f + j : (e * f + j) * h + col)] = w2[size_t((e * f + j) * h + col)];
@@ -188,102 +197,111 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
       MoeFfnBackward op(team, d, c.tiles);
       CCFUSE_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0xff, size_t(t * h) * 2, s));
       CCFUSE_CUDA_CHECK(cudaMemsetAsync(dtw.get(), 0xff, size_t(t * k) * 4, s));
+      // Every check of one backward call's results (mode: "recompute" or "saved h").
+      const auto verify = [&](const char* mode) {
+        SCOPED_TRACE(mode);
+        std::vector<uint16_t> first = download<uint16_t>(dx.get(), size_t(t * h));
+        const std::vector<float> dtw_got = download<float>(dtw.get(), size_t(t * k));
+        if (t > 0) {
+          EXPECT_LE(ref::rel_err(to_doubles(first), want.dx[size_t(r)]), 1e-2) << "dx";
+          EXPECT_LE(ref::rel_err(std::vector<double>(dtw_got.begin(), dtw_got.end()), want.dw[size_t(r)]), 1e-2)
+              << "dtopk_w";
+        }
+        int64_t bad_dropped = 0;
+        for (int64_t i = 0; i < t * k; ++i) bad_dropped += rk.ids[size_t(i)] < 0 && dtw_got[size_t(i)] != 0.f;
+        EXPECT_EQ(bad_dropped, 0) << "dropped slots whose d topk_w is not exactly 0";
+
+        // The weight gradients from the operands, on the host in fp64.
+        const MoeWgradOperands o = op.wgrad_operands();
+        const std::vector<int32_t> rows_e = download<int32_t>(o.expert_rows, size_t(el));
+        const int64_t rows = std::accumulate(rows_e.begin(), rows_e.end(), int64_t(0));
+        if (rows > o.max_rows) {
+          ADD_FAILURE() << "rows " << rows << " > max_rows " << o.max_rows;
+          return first;
+        }
+        const auto xr = download<uint16_t>(o.x_rows, size_t(rows * h)), gr = download<uint16_t>(o.g_rows, size_t(rows * h));
+        const auto dh = download<uint16_t>(o.dh_rows, size_t(rows * fi)), pa = download<uint16_t>(o.pa_rows, size_t(rows * f));
+        // Every received row is its source token's x and g (both dispatches put the rows in one order).
+        const auto src = download<int32_t>(o.row_src, size_t(rows * 2));
+        int64_t wrong_x = 0, wrong_g = 0, bad_src = 0;
+        for (int64_t q = 0; q < rows; ++q) {
+          const int sr = src[size_t(2 * q)], entry = src[size_t(2 * q + 1)];
+          if (sr < 0 || sr >= w || entry < 0 || entry >= ranks[size_t(sr)].tokens * k) {
+            ++bad_src;
+            continue;
+          }
+          const int64_t tok = entry / k;
+          for (int64_t p = 0; p < h; ++p) {
+            wrong_x += xr[size_t(q * h + p)] != ranks[size_t(sr)].x[size_t(tok * h + p)];
+            wrong_g += gr[size_t(q * h + p)] != ranks[size_t(sr)].g[size_t(tok * h + p)];
+          }
+        }
+        EXPECT_EQ(bad_src, 0) << "rows whose (source, entry) is out of range";
+        EXPECT_EQ(wrong_x, 0) << "elements of received x rows that differ from their source token's";
+        EXPECT_EQ(wrong_g, 0) << "elements of received g rows that differ from their source token's";
+        // d h and p a of every received row against the host's fp64 from the row's own x and g (the
+        // activation's backward alone, apart from the dispatch and the return paths).
+        {
+          std::vector<double> dh_want, pa_want, dh_got, pa_got;
+          const std::vector<double>& w1r = in[size_t(r)].w1;  // [E_l, H, fi] ([gate | up])
+          const std::vector<double>& w2r = in[size_t(r)].w2;  // [E_l, F, H]
+          int64_t q = 0;
+          for (int e = 0; e < el; ++e)
+            for (int32_t n = 0; n < rows_e[size_t(e)]; ++n, ++q) {
+              const int sr = src[size_t(2 * q)], entry = src[size_t(2 * q + 1)];
+              if (sr < 0 || sr >= w) continue;
+              const double pw = ranks[size_t(sr)].weights[size_t(entry)];
+              std::vector<double> hv(size_t(fi), 0.0), uv(size_t(f), 0.0);
+              for (int64_t p = 0; p < h; ++p) {
+                const double xv = bf(xr[size_t(q * h + p)]), gv = bf(gr[size_t(q * h + p)]);
+                for (int64_t i = 0; i < fi; ++i) hv[size_t(i)] += xv * w1r[size_t((e * h + p) * fi + i)];
+                for (int64_t j = 0; j < f; ++j) uv[size_t(j)] += gv * w2r[size_t((e * f + j) * h + p)];
+              }
+              std::vector<double> dref(static_cast<size_t>(fi), 0.0);
+              for (int64_t j = 0; j < f; ++j) {
+                double a, dg = 0, du;
+                if (c.swiglu) {
+                  const double g0 = hv[size_t(j)], up = hv[size_t(f + j)], sg = 1.0 / (1.0 + std::exp(-g0));
+                  a = g0 * sg * up;
+                  dg = pw * uv[size_t(j)] * up * sg * (1 + g0 * (1 - sg));
+                  du = pw * uv[size_t(j)] * g0 * sg;
+                  dref[size_t(j)] = dg;
+                  dref[size_t(f + j)] = du;
+                } else {
+                  a = hv[size_t(j)];
+                  dref[size_t(j)] = pw * uv[size_t(j)];
+                }
+                pa_want.push_back(pw * a);
+                pa_got.push_back(bf(pa[size_t(q * f + j)]));
+              }
+              for (int64_t i = 0; i < fi; ++i) {  // uploaded column i is the reference's perm[i]
+                dh_want.push_back(dref[size_t(perm[size_t(i)])]);
+                dh_got.push_back(bf(dh[size_t(q * fi + i)]));
+              }
+            }
+          if (!pa_want.empty()) {
+            EXPECT_LE(ref::rel_err(pa_got, pa_want), 1e-2) << "p a of the received rows";
+            EXPECT_LE(ref::rel_err(dh_got, dh_want), 2e-2) << "d h of the received rows";
+          }
+        }
+        std::vector<double> dw1(size_t(el * h * fi), 0.0), dw2(size_t(el * f * h), 0.0);  // the reference's layouts
+        int64_t row = 0;
+        for (int e = 0; e < el; ++e)
+          for (int32_t q = 0; q < rows_e[size_t(e)]; ++q, ++row) {
+            for (int64_t p = 0; p < h; ++p) {
+              const double xv = bf(xr[size_t(row * h + p)]), gv = bf(gr[size_t(row * h + p)]);
+              for (int64_t i = 0; i < fi; ++i) dw1[size_t((e * h + p) * fi + perm[size_t(i)])] += xv * bf(dh[size_t(row * fi + i)]);
+              for (int64_t j = 0; j < f; ++j) dw2[size_t((e * f + j) * h + p)] += bf(pa[size_t(row * f + j)]) * gv;
+            }
+          }
+        EXPECT_LE(ref::rel_err(dw1, want.dw1[size_t(r)]), 1e-2) << "d w1 from wgrad_operands()";
+        EXPECT_LE(ref::rel_err(dw2, want.dw2[size_t(r)]), 1e-2) << "d w2 from wgrad_operands()";
+        return first;
+      };
       op.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1.get(), w2.get(), g.get(),
              dx.get(), static_cast<float*>(dtw.get()), s);
       team.synchronize(s);
-      const std::vector<uint16_t> first = download<uint16_t>(dx.get(), size_t(t * h));
-      const std::vector<float> dtw_got = download<float>(dtw.get(), size_t(t * k));
-      if (t > 0) {
-        EXPECT_LE(ref::rel_err(to_doubles(first), want.dx[size_t(r)]), 1e-2) << "dx";
-        EXPECT_LE(ref::rel_err(std::vector<double>(dtw_got.begin(), dtw_got.end()), want.dw[size_t(r)]), 1e-2)
-            << "dtopk_w";
-      }
-      int64_t bad_dropped = 0;
-      for (int64_t i = 0; i < t * k; ++i) bad_dropped += rk.ids[size_t(i)] < 0 && dtw_got[size_t(i)] != 0.f;
-      EXPECT_EQ(bad_dropped, 0) << "dropped slots whose d topk_w is not exactly 0";
-
-      // The weight gradients from the operands, on the host in fp64.
-      const MoeWgradOperands o = op.wgrad_operands();
-      const std::vector<int32_t> rows_e = download<int32_t>(o.expert_rows, size_t(el));
-      const int64_t rows = std::accumulate(rows_e.begin(), rows_e.end(), int64_t(0));
-      ASSERT_LE(rows, o.max_rows);
-      const auto xr = download<uint16_t>(o.x_rows, size_t(rows * h)), gr = download<uint16_t>(o.g_rows, size_t(rows * h));
-      const auto dh = download<uint16_t>(o.dh_rows, size_t(rows * fi)), pa = download<uint16_t>(o.pa_rows, size_t(rows * f));
-      // Every received row is its source token's x and g (both dispatches put the rows in one order).
-      const auto src = download<int32_t>(o.row_src, size_t(rows * 2));
-      int64_t wrong_x = 0, wrong_g = 0, bad_src = 0;
-      for (int64_t q = 0; q < rows; ++q) {
-        const int sr = src[size_t(2 * q)], entry = src[size_t(2 * q + 1)];
-        if (sr < 0 || sr >= w || entry < 0 || entry >= ranks[size_t(sr)].tokens * k) {
-          ++bad_src;
-          continue;
-        }
-        const int64_t tok = entry / k;
-        for (int64_t p = 0; p < h; ++p) {
-          wrong_x += xr[size_t(q * h + p)] != ranks[size_t(sr)].x[size_t(tok * h + p)];
-          wrong_g += gr[size_t(q * h + p)] != ranks[size_t(sr)].g[size_t(tok * h + p)];
-        }
-      }
-      EXPECT_EQ(bad_src, 0) << "rows whose (source, entry) is out of range";
-      EXPECT_EQ(wrong_x, 0) << "elements of received x rows that differ from their source token's";
-      EXPECT_EQ(wrong_g, 0) << "elements of received g rows that differ from their source token's";
-      // d h and p a of every received row against the host's fp64 from the row's own x and g (the
-      // activation's backward alone, apart from the dispatch and the return paths).
-      {
-        std::vector<double> dh_want, pa_want, dh_got, pa_got;
-        const std::vector<double>& w1r = in[size_t(r)].w1;  // [E_l, H, fi] ([gate | up])
-        const std::vector<double>& w2r = in[size_t(r)].w2;  // [E_l, F, H]
-        int64_t q = 0;
-        for (int e = 0; e < el; ++e)
-          for (int32_t n = 0; n < rows_e[size_t(e)]; ++n, ++q) {
-            const int sr = src[size_t(2 * q)], entry = src[size_t(2 * q + 1)];
-            if (sr < 0 || sr >= w) continue;
-            const double pw = ranks[size_t(sr)].weights[size_t(entry)];
-            std::vector<double> hv(size_t(fi), 0.0), uv(size_t(f), 0.0);
-            for (int64_t p = 0; p < h; ++p) {
-              const double xv = bf(xr[size_t(q * h + p)]), gv = bf(gr[size_t(q * h + p)]);
-              for (int64_t i = 0; i < fi; ++i) hv[size_t(i)] += xv * w1r[size_t((e * h + p) * fi + i)];
-              for (int64_t j = 0; j < f; ++j) uv[size_t(j)] += gv * w2r[size_t((e * f + j) * h + p)];
-            }
-            std::vector<double> dref(static_cast<size_t>(fi), 0.0);
-            for (int64_t j = 0; j < f; ++j) {
-              double a, dg = 0, du;
-              if (c.swiglu) {
-                const double g0 = hv[size_t(j)], up = hv[size_t(f + j)], sg = 1.0 / (1.0 + std::exp(-g0));
-                a = g0 * sg * up;
-                dg = pw * uv[size_t(j)] * up * sg * (1 + g0 * (1 - sg));
-                du = pw * uv[size_t(j)] * g0 * sg;
-                dref[size_t(j)] = dg;
-                dref[size_t(f + j)] = du;
-              } else {
-                a = hv[size_t(j)];
-                dref[size_t(j)] = pw * uv[size_t(j)];
-              }
-              pa_want.push_back(pw * a);
-              pa_got.push_back(bf(pa[size_t(q * f + j)]));
-            }
-            for (int64_t i = 0; i < fi; ++i) {  // uploaded column i is the reference's perm[i]
-              dh_want.push_back(dref[size_t(perm[size_t(i)])]);
-              dh_got.push_back(bf(dh[size_t(q * fi + i)]));
-            }
-          }
-        if (!pa_want.empty()) {
-          EXPECT_LE(ref::rel_err(pa_got, pa_want), 1e-2) << "p a of the received rows";
-          EXPECT_LE(ref::rel_err(dh_got, dh_want), 2e-2) << "d h of the received rows";
-        }
-      }
-      std::vector<double> dw1(size_t(el * h * fi), 0.0), dw2(size_t(el * f * h), 0.0);  // the reference's layouts
-      int64_t row = 0;
-      for (int e = 0; e < el; ++e)
-        for (int32_t q = 0; q < rows_e[size_t(e)]; ++q, ++row) {
-          for (int64_t p = 0; p < h; ++p) {
-            const double xv = bf(xr[size_t(row * h + p)]), gv = bf(gr[size_t(row * h + p)]);
-            for (int64_t i = 0; i < fi; ++i) dw1[size_t((e * h + p) * fi + perm[size_t(i)])] += xv * bf(dh[size_t(row * fi + i)]);
-            for (int64_t j = 0; j < f; ++j) dw2[size_t((e * f + j) * h + p)] += bf(pa[size_t(row * f + j)]) * gv;
-          }
-        }
-      EXPECT_LE(ref::rel_err(dw1, want.dw1[size_t(r)]), 1e-2) << "d w1 from wgrad_operands()";
-      EXPECT_LE(ref::rel_err(dw2, want.dw2[size_t(r)]), 1e-2) << "d w2 from wgrad_operands()";
+      const std::vector<uint16_t> first = verify("recompute");
       team.barrier(s);
       team.synchronize(s);
 
@@ -293,6 +311,23 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
              dx.get(), static_cast<float*>(dtw.get()), s);
       team.synchronize(s);
       EXPECT_TRUE(download<uint16_t>(dx.get(), size_t(t * h)) == first) << "a second call changed d x";
+      team.barrier(s);
+      team.synchronize(s);
+
+      // The forward keeps h (MoeFfn::run's preact_out, NaN-poisoned first) and the backward reads
+      // it (h_saved): every check again. A MoeFfn of the same desc and (default) config.
+      MoeFfn fwd(team, d);
+      const DevPtr w1f = upload(rk.w1_fwd), y = dev_alloc(size_t(t * h) * 2);
+      const DevPtr hs = dev_alloc(size_t(fwd.max_rows() * fi) * 2);
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(hs.get(), 0xff, size_t(fwd.max_rows() * fi) * 2, s));
+      fwd.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1f.get(), w2.get(), y.get(),
+              s, hs.get());
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0xff, size_t(t * h) * 2, s));
+      CCFUSE_CUDA_CHECK(cudaMemsetAsync(dtw.get(), 0xff, size_t(t * k) * 4, s));
+      op.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1.get(), w2.get(), g.get(),
+             dx.get(), static_cast<float*>(dtw.get()), s, hs.get());
+      team.synchronize(s);
+      verify("saved h");
       team.barrier(s);
       team.synchronize(s);
     }
@@ -329,6 +364,30 @@ TEST(GpuMoeFfnBackward, RejectsBadInput) {
     } catch (const InvalidArgument& e) {
       EXPECT_STREQ(e.what(), "moe_ffn backward: gather_rows leaves no received rows for the weight gradients "
                              "(use the default dispatch)");
+    }
+    // The kept pre-activation: needs the GEMM; h_saved aligned, not overlapping dx.
+    MoeFfn fwd(team, d);
+    const DevPtr buf = dev_alloc(size_t(fwd.max_rows() * 2 * d.ffn) * 2 + 4096);
+    char* base = static_cast<char*>(buf.get());
+    try {
+      fwd.run_layer0(nullptr, 0, nullptr, nullptr, base, nullptr, base + 256, /*gemm=*/false);
+      ADD_FAILURE() << "no error for preact_out without the GEMM";
+    } catch (const InvalidArgument& e) {
+      EXPECT_STREQ(e.what(), "preact_out needs layer 0's GEMM (gemm = true)");
+    }
+    MoeFfnBackward op(team, d, false);
+    const DevPtr ids = dev_alloc(64 * 4), tw = dev_alloc(64 * 4), dtw = dev_alloc(64 * 4);
+    for (const auto& [h_saved, want] :
+         {std::pair<const char*, const char*>{base + 8, "h_saved must be a 16-byte aligned device pointer (or null: "
+                                                         "recompute)"},
+          {base + 1024, "dx must not overlap h_saved"}}) {
+      try {
+        op.run(nullptr, 4, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), base, base, base + 2048, base,
+               static_cast<float*>(dtw.get()), nullptr, h_saved);
+        ADD_FAILURE() << "no error: " << want;
+      } catch (const InvalidArgument& e) {
+        EXPECT_STREQ(e.what(), want);
+      }
     }
   });
 }

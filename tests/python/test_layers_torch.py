@@ -54,8 +54,8 @@ class StubLib:
 class TorchExperts:
     """torch_ops.MoeFfn's contract at W = 1 in plain torch (differentiable)."""
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused"):
-        self._w1_src, self.w2, self.closed = w1, w2, False
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True):
+        self._w1_src, self.w2, self.closed, self.recompute = w1, w2, False, recompute
 
     def __call__(self, x, topk_ids, topk_w):
         f = self.w2.shape[2]
@@ -220,6 +220,9 @@ class Layers(unittest.TestCase):
             (lambda: layers.MoeLayer(16, 8, 4, 5, 32, device="cpu"), "topk 5 must be in [1, num_experts 4]"),
             (lambda: layers.MoeExperts(16, 8, 4, 2, 32, backward="fast", device="meta"),
              "backward must be 'fused' or 'unfused', got 'fast'"),
+            (lambda: layers.MoeExperts(16, 8, 4, 2, 32, backward="unfused", recompute=False, device="meta"),
+             "recompute must be True, or False (the forward keeps h) with backward='fused'; got recompute=False, "
+             "backward='unfused'"),
             (lambda: layers.MoeLayer(16, 8, 4, 2, 32, score="relu", device="cpu"),
              "score must be 'softmax' or 'sigmoid', got 'relu'"),
             (lambda: layers.MoeLayer(16, 8, 4, 2, 32, capacity_factor=-1, device="cpu"),
@@ -243,6 +246,7 @@ class Layers(unittest.TestCase):
         self.assertEqual(tuple(y.shape), (5, 16))
         first = ex._layer
         self.assertIs(first._w1_src, ex.w1)
+        self.assertTrue(first.recompute)  # the default; passed through to torch_ops.MoeFfn
         ex.w1 = torch.nn.Parameter(ex.w1.detach().clone())
         ex(self.randn(5, 16), torch.zeros(5, 2, dtype=torch.int32), torch.full((5, 2), 0.5, dtype=torch.float64))
         self.assertTrue(first.closed)

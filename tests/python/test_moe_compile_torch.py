@@ -30,6 +30,9 @@ class StubLib:
 
     def moe_ffn_create(self, *args, **kw):
         class Layer:
+            def max_rows(self):
+                return T * K
+
             def close(self):
                 pass
         return Layer()
@@ -84,6 +87,34 @@ class MoeCompile(unittest.TestCase):
         self.assertIn("bwd", found["ccfuse.moe_ffn_backward"])
         moe.close()
 
+    def test_kept_h_traces_into_one_graph(self):
+        # recompute=False: the forward op returns (y, h), and h [max_rows, 2F] reaches the backward op
+        w1, w2, x, ids, tw = self.tensors()
+        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, recompute=False)
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        y = torch.compile(lambda x, ids, tw: moe(x, ids, tw) * 2, fullgraph=True, backend=backend)(x, ids, tw)
+        self.assertEqual((tuple(y.shape), len(graphs)), ((T, H), 1))
+        nodes = {}
+
+        def walk(gm):
+            for node in gm.graph.nodes:
+                if node.op == "call_function" and str(node.target).startswith("ccfuse."):
+                    nodes[str(node.target)] = node
+            for _, sub in gm.named_children():
+                walk(sub)
+        walk(graphs[0])
+        self.assertEqual(set(nodes), {"ccfuse.moe_ffn_keep", "ccfuse.moe_ffn_backward"})
+        h = nodes["ccfuse.moe_ffn_backward"].args[-1]
+        self.assertIsNotNone(h)
+        val = h.meta.get("val", h.meta.get("example_value"))
+        self.assertEqual(tuple(val.shape), (T * K, 2 * F))
+        moe.close()
+
     def test_moe_layer_traces_into_one_graph(self):
         # ccfuse.layers.MoeLayer, training with the balancing count: gate, router op, router_weights,
         # the experts' forward and fused backward ops, the buffer's update, in one graph
@@ -112,16 +143,16 @@ class MoeCompile(unittest.TestCase):
         w1, w2, x, ids, tw = self.tensors()
         moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="fused")
         g = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
-        dx, dw, dw1, dw2 = torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g, w1, w2, moe._key)
+        dx, dw, dw1, dw2 = torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g, w1, w2, moe._key, None)
         self.assertEqual([(tuple(t.shape), t.dtype) for t in (dx, dw, dw1, dw2)],
                          [((T, H), torch.bfloat16), ((T, K), torch.float32), ((E, 2 * F, H), torch.bfloat16),
                           ((E, H, F), torch.bfloat16)])
         with self.assertRaises(ValueError) as e:
-            torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g[:, :128].contiguous(), w1, w2, moe._key)
+            torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g[:, :128].contiguous(), w1, w2, moe._key, None)
         self.assertEqual(str(e.exception), "g (the output's gradient) must be [64, 256] like x, got (64, 128)")
         moe.close()
         with self.assertRaises(ValueError) as e:
-            torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g, w1, w2, moe._key)
+            torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g, w1, w2, moe._key, None)
         self.assertEqual(str(e.exception), "no MoeFfn with handle %s (closed?)" % moe._key)
 
     def test_unfused_backward_refuses_compile(self):

@@ -73,6 +73,9 @@ class FakeTensor:
     def clone(self):
         return FakeTensor(self.shape, self.dtype)
 
+    def new_empty(self, shape, dtype=None):
+        return FakeTensor(shape, dtype or self.dtype)
+
     def __add__(self, other):  # a bias [N] broadcast over the rows
         assert other.shape == self.shape[-1:], (self.shape, other.shape)
         return FakeTensor(self.shape, self.dtype)
@@ -155,6 +158,12 @@ class FakeOp:
     def run(self, *args):
         self.log.append(("run", self.key) + args)
 
+    def run_keep(self, *args):
+        self.log.append(("run_keep", self.key) + args)
+
+    def max_rows(self):
+        return 640
+
     def gathered(self):
         self.log.append(("gathered", self.key))
         return 0xA000
@@ -188,6 +197,9 @@ class FakeLib:
         class Bwd:
             def run(self, *a):
                 log.append(("moe_bwd_run",) + a[:2])
+
+            def run_saved(self, *a):
+                log.append(("moe_bwd_run_saved",) + a[:2] + (a[7],))
 
             def operands(self):
                 return (1 << 30, 2 << 30, 3 << 30, 4 << 30, 5 << 30, 640)
@@ -540,6 +552,33 @@ class TorchOps(unittest.TestCase):
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
         self.assertEqual(cf.MoeFfn(w1, w2, 8, 2, 100).backward, "fused")  # the default
+
+    def test_moe_kept_h(self):
+        # recompute=False: the training forward keeps h [max_rows, 2F] (run_keep), the backward reads
+        # it (run_saved); without a gradient the plain run
+        cf, log = self.cf, self.lib.log
+        w1, w2 = self.bf16(4, 256, 512), self.bf16(4, 512, 128)
+        self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, recompute="no"),
+                   "recompute must be True (the backward recomputes h) or False (the forward keeps h), got 'no'")
+        self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, backward="unfused", recompute=False),
+                   "recompute=False keeps h for backward='fused'; backward='unfused' recomputes it")
+        moe = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, recompute=False)
+        x, ids = self.bf16(64, 512), FakeTensor((64, 2), "int32")
+        moe(x, ids, FakeTensor((64, 2), "float32"))
+        self.assertEqual(log[-1][0], "run")
+        wg = FakeTensor((64, 2), "float32")
+        wg.requires_grad = True
+        y = moe(x, ids, wg)
+        fn, ctx = y.grad_fn
+        h = ctx.saved_tensors[5]
+        self.assertEqual((log[-1][0], log[-1][2:4], h.shape), ("run_keep", (x.data_ptr(), 64), (640, 256)))
+        self.assertEqual(log[-1][-2], h.data_ptr())  # preact_out, then the stream
+        n = len(log)
+        fn.backward(ctx, self.bf16(64, 512))
+        self.assertEqual(log[n + 1], ("moe_bwd_run_saved", x.data_ptr(), 64, h.data_ptr()))
+        self.error(lambda: moe._fused_backward(x, ids, wg, self.bf16(64, 512), w1, w2, self.bf16(320, 256)),
+                   "h (the forward's kept pre-activation) must be (640, 256), got (320, 256)")
+        moe.close()
 
     def test_mm_and_grouped_mm(self):
         cf, log = self.cf, self.lib.log

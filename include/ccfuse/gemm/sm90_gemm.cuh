@@ -872,6 +872,39 @@ struct HasTmaAddends : std::false_type {};
 template <class E>
 struct HasTmaAddends<E, std::void_t<decltype(E::kTmaAddends)>> : std::bool_constant<E::kTmaAddends> {};
 
+// Epilogue::kPreactOut (optional): the epilogue may also keep the tile's accumulators before its
+// activation and row scale, rounded to Element, in a second [rows, N] tensor with the tile's
+// columns (SwiGLU: the [gate | up] order of every BLOCK_N tile): preact_out(w, ld) gives the
+// address of row w.row0, column 0 there, or nullptr for none this call. Written from registers
+// (store_block's pattern, beside the tile's own store). What a backward pass reads instead of
+// recomputing layer 0 (MoE training, docs/moe-layers.md).
+template <class E, class = void>
+struct HasPreactOut : std::false_type {};
+template <class E>
+struct HasPreactOut<E, std::void_t<decltype(E::kPreactOut)>> : std::bool_constant<E::kPreactOut> {};
+
+// store_block's addressing for kPreactOut: the raw accumulators, no activation, no scale.
+template <class Element, class Epilogue>
+struct PreactEpilogue {
+  static constexpr Activation kAct = Activation::kNone;
+  static constexpr bool kHasRowScale = false;
+  const Epilogue& epi;
+  __device__ Element* out(const Params<Element>&, const TileWork& w, int64_t& ldc) const {
+    return epi.preact_out(w, ldc);
+  }
+  __device__ float row_scale(int64_t) const { return 1.f; }
+};
+
+// A consumer warpgroup's 64 rows of the tile's pre-activation, if the epilogue keeps it.
+template <class Traits, class Epilogue, class Accum>
+__device__ __forceinline__ void store_preact(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                             const Accum& accum, int consumer_idx, const TileWork& w) {
+  if constexpr (HasPreactOut<Epilogue>::value) {
+    if (epi.preact_enabled())
+      store_tile<Traits>(p, PreactEpilogue<typename Traits::Element, Epilogue>{epi}, accum, consumer_idx, w);
+  }
+}
+
 // The TMA descriptor of a tensor [rows, n] (row stride n) in the staging buffer's box and swizzle,
 // for loads into it (Epilogue::kTmaAddends) or stores from it (Epilogue::kTmaDirect); the caller
 // copies the 128 bytes to device memory.
@@ -1514,6 +1547,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
+      if constexpr (HasPreactOut<Epilogue>::value) {
+        if (epi.preact_enabled()) {
+          CUTE_UNROLL
+          for (int mb = 0; mb < 2; ++mb)
+            store_block<Traits>(p, PreactEpilogue<typename Traits::Element, Epilogue>{epi}, accum(_, mb, _), 64 * mb,
+                                t, w);
+        }
+      }
       if (tma_store_tile<Traits, Schedule, Epilogue>(p, w)) {
         store_tile_tma_wg<Traits>(p, epi, ss, tma_c, accum, wg, t, w);
       } else {
@@ -1659,6 +1700,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                       "tiles cut along K are built for plain epilogues");
         if (w.fixup_tile >= 0 && !fixup_sum<Traits>(sched, ss, accum, consumer_idx, w)) continue;  // not the last part
       }
+      store_preact<Traits>(p, epi, accum, consumer_idx, w);
       bool stored_tma = false;  // the same for every consumer thread of the CTA
       (void)stored_tma;
       if constexpr (Traits::kTmaStore) {

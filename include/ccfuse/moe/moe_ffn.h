@@ -184,13 +184,19 @@ class MoeFfn {
   // overlapping x, and (config.check_routing) expert ids outside [-1, num_experts). Sizes of the
   // buffers behind the pointers (e.g. a w1 of another hidden size) cannot be checked from raw
   // pointers: they are the caller's contract.
+  // preact_out (training; nullptr: none): layer 0's output before its activation is also kept
+  // there, [max_rows(), 2F] bf16 with SwiGLU (each 256-column tile's [128 gate | 128 up] columns,
+  // w1's order as run takes it; [max_rows(), F] without), in the receive order of
+  // layer0_output(). MoeFfnBackward::run reads it instead of recomputing layer 0 (h_saved).
   void run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-           const void* w2, void* out, cudaStream_t stream);
+           const void* w2, void* out, cudaStream_t stream, void* preact_out = nullptr);
 
   // Layer 0 alone (dispatch + grouped GEMM + activation) then layer 1 alone, for the bench's
   // per-layer figures: run() == run_layer0() followed by run_layer1() on the same stream.
+  // gemm = false: the dispatch alone (the received rows, layer0_input(); layer0_output() is not
+  // written), for a caller that has the GEMM's result already (MoeFfnBackward with h_saved).
   void run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-                  cudaStream_t stream);
+                  cudaStream_t stream, void* preact_out = nullptr, bool gemm = true);
   void run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out, cudaStream_t stream);
 
   // After a call (stream-ordered; for tests and the bench): rows this rank received, per local
@@ -226,7 +232,8 @@ class MoeFfn {
 };
 
 // The MoE FFN's backward (docs/moe-layers.md, "The backward pass"), v0: the forward's fused
-// layers re-used with their roles swapped, activations recomputed (the forward keeps nothing).
+// layers re-used with their roles swapped, activations recomputed (the forward keeps nothing) or,
+// with h_saved, read from what the forward kept (MoeFfn::run's preact_out).
 // Per rank, for its tokens, with the forward's inputs (x, topk_ids, topk_w, w1, w2: as MoeFfn::run
 // takes them, same desc) and g = d loss / d out [T, H] bf16:
 //   1. layer 0 of an FFN with N = 2F and no activation: x's rows to their experts' owners (the
@@ -266,8 +273,14 @@ class MoeFfnBackward {
 
   // Collective; stream-ordered. dx [T, H] bf16; dtopk_w [T, k] float (0 for dropped slots).
   // Throws InvalidArgument as MoeFfn::run does, and for dx overlapping g or x.
+  // h_saved (nullptr: recompute): the forward's pre-activation, MoeFfn::run's preact_out from a
+  // MoeFfn of the same desc and config with the same routing (then the receive orders agree);
+  // step 1 dispatches x without its GEMM and step 3 reads h from h_saved (left unchanged), two of
+  // the backward's eight GEMM units fewer. w1 stays in w1_swiglu_tiles order (h_saved is in the
+  // forward's tile order either way).
   void run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-           const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream);
+           const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream,
+           const void* h_saved = nullptr);
   MoeWgradOperands wgrad_operands() const;
 
  private:
