@@ -234,9 +234,10 @@ def main():
         guarded("moe_grouped_nograd:" + backend, lambda: moe_case(backend))
 
     # 4b. training: MoeFfn(backward="fused") with forward and backward compiled (no host sync in
-    # either: torch.ops.ccfuse.moe_ffn / moe_ffn_backward), against the same run eagerly and an fp64
+    # either: torch.ops.ccfuse.moe_ffn / moe_ffn_backward; with recompute=False moe_ffn_keep and the
+    # kept h into the backward op), against the same run eagerly and an fp64
     # reference over every rank's tokens (y, d x, d topk_w, d w1, d w2 of this rank's experts)
-    def moe_train_case(backend):
+    def moe_train_case(backend, recompute=True):
         E, k, T, F_ = 8 * w, 2, 512, 512
         el, mine = E // w, slice(r * (E // w), (r + 1) * (E // w))
         W1, W2 = rnd(E, 2 * F_, H, scale=H ** -0.5), rnd(E, H, F_, scale=F_ ** -0.5)
@@ -257,7 +258,7 @@ def main():
         outs = {}
         for mode in ("eager", "compiled"):
             w1, w2 = on(W1[mine], True), on(W2[mine], True)
-            moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T, backward="fused")
+            moe = cf.MoeFfn(w1, w2, num_experts=E, topk=k, max_tokens=T, backward="fused", recompute=recompute)
             x, tw = on(X[r], True), P[r].to(dev, torch.float32).requires_grad_()
 
             def f(x, ids, tw):
@@ -274,9 +275,13 @@ def main():
             errs[name] = rel_err(outs["compiled"][i], ref[i])
             errs[name + "_vs_eager"] = rel_err(outs["compiled"][i], outs["eager"][i])
         same = all(bool(torch.equal(outs["compiled"][i], outs["eager"][i])) for i in range(len(names)))
-        record("moe_train_fused:" + backend, errs, {"backend": backend, "bitwise_equal_to_eager": same})
+        name = "moe_train_fused" if recompute else "moe_train_keep"
+        record(name + ":" + backend, errs, {"backend": backend, "bitwise_equal_to_eager": same,
+                                            "recompute": recompute})
     for backend in backends:
         guarded("moe_train_fused:" + backend, lambda: moe_train_case(backend))
+        # recompute=False: the forward op keeps h (moe_ffn_keep) and the backward op reads it
+        guarded("moe_train_keep:" + backend, lambda: moe_train_case(backend, recompute=False))
 
     def graphs_case():  # noqa: the block's weights are constants of the compiled function
         W1, W2 = rnd(N, H, scale=H ** -0.5), rnd(H, N, scale=N ** -0.5)

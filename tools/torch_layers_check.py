@@ -13,7 +13,8 @@ drops). Compared per rank, relative error (norm) <= 2e-2: the output, d x, d gat
 tokens only: the gate is replicated, its data-parallel sum is the trainer's), d w1 and d w2 of
 this rank's experts (summed over every rank's tokens). Cases: softmax top-2 dropless, softmax
 top-2 with capacity 1.0 (drops by position), sigmoid top-4 with an expert bias (DeepSeek-V3's
-scoring and balancing); each with backward "fused" and, eagerly, "unfused". --compile: the
+scoring and balancing); each with backward "fused" (recomputing h, and keeping it: "fused_keep")
+and, eagerly, "unfused". --compile: the
 fused cases also under torch.compile(fullgraph=True, backend="aot_eager"). --inject-fault
 scales the gate's gradient on rank 0 after the backward: the check must then fail (exit 1).
 """
@@ -92,7 +93,8 @@ def main():
     cases = [dict(name="softmax_top2", score="softmax", topk=2, capacity=0.0, bias=False),
              dict(name="softmax_top2_capacity1", score="softmax", topk=2, capacity=1.0, bias=False),
              dict(name="sigmoid_top4_bias", score="sigmoid", topk=4, capacity=0.0, bias=True)]
-    modes = [("fused", False), ("unfused", False)] + ([("fused", True)] if args.compile else [])
+    # "fused_keep": backward "fused" with recompute=False (the forward keeps layer 0's h)
+    modes = [("fused", False), ("fused_keep", False), ("unfused", False)] + ([("fused", True)] if args.compile else [])
     if args.inject_fault:
         cases, modes = cases[:1], [("fused", False)]
     failures, records = 0, []
@@ -107,7 +109,8 @@ def main():
             bias = (0.02 * torch.randn(E, generator=gen)).to(dev) if case["bias"] else None
             layer = layers.MoeLayer(H, F, E, case["topk"], max_tokens=T, score=case["score"],
                                     capacity_factor=case["capacity"], bias_update_rate=1e-3 if case["bias"] else 0.0,
-                                    backward=mode, device=dev)
+                                    backward="fused" if mode == "fused_keep" else mode,
+                                    recompute=mode != "fused_keep", device=dev)
             mine = slice(r * (E // w), (r + 1) * (E // w))
             with torch.no_grad():
                 layer.gate.copy_(gate)
