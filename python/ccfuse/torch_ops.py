@@ -622,7 +622,8 @@ class MoeFfn:
     recompute (backward="fused" only): True recomputes layer 0's pre-activation h in the backward
     (the forward keeps only its inputs); False has the training forward keep h, [max_rows, 2F] bf16
     per call (max_rows = max_tokens * topk * world size), and the backward skip layer 0's GEMM for
-    x (docs/moe-layers.md, "The backward pass").
+    x (docs/moe-layers.md, "The backward pass"; on one H100 at W = 1, Qwen3-like: forward +
+    backward 3.49 -> 3.21 ms).
     """
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True):

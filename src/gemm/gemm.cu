@@ -361,7 +361,7 @@ void validate(const GemmDesc& d, const GemmConfig& cfg) {
 namespace {
 constexpr bool kPickStreamK = false;
 
-GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
+GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped, double mem_gbps = 0) {
   // Time model in k-blocks of a 128x128 tile at full speed, per CTA of a persistent grid of
   // `sms` CTAs (docs/gemm.md, "choosing a config"):
   //   whole tiles   ceil(tiles / sms) waves x k_tiles x (block_n / 128) / efficiency
@@ -509,9 +509,14 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped) {
   // -0.5 to +7.5 %) and on 9 of 12 Mixtral ones (N = 28672 and 4096: -6.3 to +2.8 %, geomean
   // +0.7 %), but slower on 10 of 13 Qwen3 ones (N = 1536 and 2048, K = 2048 and 768, even at
   // K = 768: -5 to +1 %). tiles_of counts max_rows as one group, a bound on the tiles any routing
-  // makes. (The 160 ring is not built for groups.)
+  // makes. (The 160 ring is not built for groups.) Only on devices of the H200's memory
+  // bandwidth: on one H100 (3.35 TB/s) the whole 128x256 tile ran 1.06-1.37x faster than this
+  // ping-pong on all 12 Mixtral cases (geomean 1.20; 2026-12-07,
+  // bench/results/2026-12-07-h100-grouped-mixtral-ab-7611fd9*): 128x128 tiles read 1.33x the
+  // bytes per FLOP of 128x256, which the H200's 4.8 TB/s covers and the H100's does not.
   const bool pingpong = tma_ok && !split2 && !best.stream && tiles_of(narrow) > sms &&
-                        (grouped ? d.n >= kGroupedPingpongMinN : k_tiles <= 16);
+                        (grouped ? d.n >= kGroupedPingpongMinN && mem_gbps >= kGroupedPingpongMinGbps
+                                 : k_tiles <= 16);
   if (pingpong) {
     best = Option{kPingpongRingShape, true, false, 0};
     if (!grouped && d.b_layout == BLayout::kNK && k_tiles <= 8 && tiles_of(kPingpongRing160Shape) >= 10 * int64_t(sms))
@@ -674,8 +679,19 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
   validate(as_plain(d), cfg);
 }
 
-GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms) {
-  GemmConfig c = choose_plain(as_plain(d), num_sms, true);
+double current_device_mem_gbps() {
+  int dev = 0, khz = 0, bits = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e9;  // double data rate
+}
+
+GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms, double mem_gbps) {
+  GemmConfig c = choose_plain(as_plain(d), num_sms, true, mem_gbps > 0 ? mem_gbps : current_device_mem_gbps());
   c.cluster_m = 1;  // CTA pairs would straddle group boundaries
   return c;
 }

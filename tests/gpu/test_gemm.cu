@@ -638,17 +638,22 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   // Grouped ping-pong (the 6-stage 128x128 ring) goes by N, not K (measured 2026-12-02): Qwen3's
   // down projection (N = 2048, K = 768) keeps 128x256; DeepSeek-like's (N = 7168, K = 2048) and
   // Mixtral-like wide ones (N = 28672, K = 4096) take it; never the 160 ring (not built for groups).
+  // Only at an H200's memory bandwidth (4800 GB/s; measured 2026-12-07: an H100's 3350 runs the
+  // whole 128x256 tile faster).
+  const double h200 = 4800, h100 = 3350;
   GroupedGemmDesc g4 = g;
   g4.num_groups = 64;
   g4.max_rows = 32768;
   g4.n = 2048;
   g4.k = 768;
   g4.b_layout = BLayout::kNK;
-  EXPECT_FALSE(choose_config(g4, 132).pingpong);
+  EXPECT_FALSE(choose_config(g4, 132, h200).pingpong);
   g4.num_groups = 128;
   g4.n = 7168;
   g4.k = 2048;
-  const GemmConfig grouped_pp = choose_config(g4, 132);
+  EXPECT_FALSE(choose_config(g4, 132, h100).pingpong);
+  EXPECT_EQ(choose_config(g4, 132, h100).block_n, 256);
+  const GemmConfig grouped_pp = choose_config(g4, 132, h200);
   EXPECT_TRUE(grouped_pp.pingpong);
   EXPECT_TRUE(grouped_pp.tma_store);
   EXPECT_EQ(grouped_pp.block_n, 128);
@@ -658,9 +663,17 @@ TEST(GemmValidation, ChooseConfigPicksTheMeasuredWinners) {
   g4.num_groups = 4;
   g4.n = 28672;
   g4.k = 4096;
-  EXPECT_TRUE(choose_config(g4, 132).pingpong);
+  EXPECT_TRUE(choose_config(g4, 132, h200).pingpong);
+  EXPECT_FALSE(choose_config(g4, 132, h100).pingpong);
   g4.n = 4000;  // below 4096 columns
-  EXPECT_FALSE(choose_config(g4, 132).pingpong);
+  EXPECT_FALSE(choose_config(g4, 132, h200).pingpong);
+  // This device's bandwidth (what choose_config without one uses): an H100's or H200's is in
+  // range; 0 without a device (the CPU-only machines run this test too).
+  const double gbps = current_device_mem_gbps();
+  EXPECT_TRUE(gbps == 0 || (gbps > 1000 && gbps < 10000)) << gbps;
+  GroupedGemmDesc g5 = g4;
+  g5.n = 28672;
+  if (gbps > 0) EXPECT_EQ(choose_config(g5, 132).pingpong, gbps >= kGroupedPingpongMinGbps);
   // Unaligned rows of C: registers (4 stages).
   GroupedGemmDesc g3 = g;
   g3.n = 4100;

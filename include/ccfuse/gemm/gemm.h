@@ -154,7 +154,13 @@ struct GroupedGemmDesc {
   BLayout b_layout = BLayout::kKN;
 };
 void validate(const GroupedGemmDesc& desc, const GemmConfig& config);
-GemmConfig choose_config(const GroupedGemmDesc& desc, int num_sms);
+// mem_gbps: the device's peak memory bandwidth in GB/s (0: the current device's,
+// current_device_mem_gbps()); the grouped tile rule depends on it (ping-pong 128x128 from N = 4096
+// only from kGroupedPingpongMinGbps: measured faster on an H200, slower on an H100).
+GemmConfig choose_config(const GroupedGemmDesc& desc, int num_sms, double mem_gbps = 0);
+// Peak memory bandwidth of the current device, GB/s (memory clock x bus width; 0 if unknown).
+double current_device_mem_gbps();
+constexpr double kGroupedPingpongMinGbps = 4000;  // H100 SXM ~3350, H200 ~4800
 size_t grouped_workspace_bytes(const GroupedGemmDesc& desc);
 void grouped_run(const GroupedGemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c,
                  const int* group_rows, void* workspace, int* overflow, void* stream);
