@@ -30,9 +30,12 @@ class MoeBackward {
   MoeBackward(World& world, MoeShape shape, DispatchMode mode, MoeConfig config = {});
   ~MoeBackward();
   // Every rank inside World::run. w1 [E_local, H, F'], w2 [E_local, F, H] (MoeLayer0 / 1's layouts),
-  // g [T, H]; dx [T, H], dw [T, k] (0 for dropped slots).
+  // g [T, H]; dx [T, H], dw [T, k] (0 for dropped slots). h_saved (may be null): the forward's
+  // MoeLayer0 preact rows (same shape, mode and config, same routing), read in step 3 instead of
+  // step 1's h (MoeFfnBackward's h_saved; step 1 still dispatches x). Error if its rows are not
+  // this call's.
   void run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const T* w1,
-           const T* w2, const T* g, T* dx, float* dw);
+           const T* w2, const T* g, T* dx, float* dw, const std::vector<T>* h_saved = nullptr);
 
  private:
   struct State;

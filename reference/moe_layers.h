@@ -73,8 +73,11 @@ class MoeLayer0 {
   MoeLayer0(World& world, MoeShape shape, DispatchMode mode, MoeConfig config);
   ~MoeLayer0();
   // act: resized to [rows, F]; meta filled. Called by every rank inside World::run.
+  // preact (training, may be null): resized to [rows, F'] and given the rows before the
+  // activation (F' = 2F [gate | up] with SwiGLU), rounded to T: what MoeBackward can read instead
+  // of recomputing them (ccfuse::moe::MoeFfn::run's preact_out on GPUs).
   void run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_weights,
-           const T* w1, std::vector<T>& act, MoeMetadata& meta);
+           const T* w1, std::vector<T>& act, MoeMetadata& meta, std::vector<T>* preact = nullptr);
 
  private:
   struct State;

@@ -2,11 +2,13 @@
 // (reference/moe_backward.h: the decomposition MoeFfnBackward runs on GPUs) against the fp64
 // naive_moe_backward: d x and d topk_w of every rank, W = 1..4, both dispatch modes, SwiGLU and
 // plain, ragged token counts (a rank with none), dropped slots (exactly 0 gradient), top-1 to
-// top-4, fp32 and bf16. Outputs are poisoned (NaN) first; fresh random inputs per run
-// (CCFUSE_TEST_SEED replays a failure).
+// top-4, fp32 and bf16; then again with the forward's kept h (MoeLayer0's preact), bit for bit.
+// Outputs are poisoned (NaN) first; fresh random inputs per run (CCFUSE_TEST_SEED replays a
+// failure).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,6 +90,44 @@ void check(const Case& c, double tol) {
     bw.run(r, x[r].data(), in[size_t(r)].num_tokens, ids[r].data(), tw[r].data(), w1[r].data(), w2[r].data(),
            g[r].data(), dx[r].data(), dw[r].data());
   });
+  // With the forward's kept h (MoeLayer0's preact, the forward's own shape): the same d x and
+  // d topk_w bit for bit (the rows in the same order, h rounded the same way).
+  {
+    MoeLayer0<T> fwd(world, shape, c.mode, MoeConfig{5, 8, 8});
+    std::vector<std::vector<T>> dx2(w), dx3(w);
+    std::vector<std::vector<float>> dw2(w), dw3(w);
+    world.run([&](int r) {
+      const int64_t t = in[size_t(r)].num_tokens;
+      std::vector<T> act, kept;
+      MoeMetadata meta;
+      fwd.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), act, meta, &kept);
+      dx2[r].assign(size_t(t * h), poison<T>());
+      dw2[r].assign(size_t(t * k), std::nanf(""));
+      bw.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), w2[r].data(), g[r].data(), dx2[r].data(),
+             dw2[r].data(), &kept);
+      // The kept h is what step 3 reads: halved, the gradients change (d topk_w = <u, act(h)>
+      // always; d x with SwiGLU, whose derivative depends on h).
+      for (T& v : kept) v = from_f32<T>(0.5f * to_f32(v));
+      dx3[r].assign(size_t(t * h), poison<T>());
+      dw3[r].assign(size_t(t * k), std::nanf(""));
+      bw.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), w2[r].data(), g[r].data(), dx3[r].data(),
+             dw3[r].data(), &kept);
+    });
+    int64_t changed = 0;
+    for (int r = 0; r < w; ++r) {
+      changed += std::memcmp(dw3[r].data(), dw[r].data(), dw[r].size() * sizeof(float)) != 0;
+      if (c.swiglu) changed += std::memcmp(dx3[r].data(), dx[r].data(), dx[r].size() * sizeof(T)) != 0;
+    }
+    EXPECT_GE(changed, c.swiglu ? 2 : 1) << "a halved kept h changed too few ranks' gradients";
+    for (int r = 0; r < w; ++r) {
+      SCOPED_TRACE("kept h, rank " + std::to_string(r));
+      ASSERT_EQ(dx2[r].size(), dx[r].size());
+      EXPECT_EQ(std::memcmp(dx2[r].data(), dx[r].data(), dx[r].size() * sizeof(T)), 0)
+          << "d x differs from the recomputed run's";
+      EXPECT_EQ(std::memcmp(dw2[r].data(), dw[r].data(), dw[r].size() * sizeof(float)), 0)
+          << "d topk_w differs from the recomputed run's";
+    }
+  }
   for (int r = 0; r < w; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     if (in[size_t(r)].num_tokens == 0) continue;
@@ -118,6 +158,31 @@ TEST(MoeBackwardWorld, Fp32MatchesFp64Reference) {
 
 TEST(MoeBackwardWorld, Bf16MatchesFp64Reference) {
   for (const Case& c : kCases) check<bf16>(c, 2e-2);
+}
+
+TEST(MoeBackwardWorld, KeptHOfAnotherCallIsAnError) {
+  MoeShape shape;
+  shape.hidden = 8;
+  shape.ffn = 4;
+  shape.num_experts = 2;
+  shape.topk = 1;
+  shape.swiglu = true;
+  shape.max_tokens_per_rank = 4;
+  World world(WorldOptions{1, 20000});
+  MoeBackward<float> bw(world, shape, DispatchMode::kAllToAll);
+  const std::vector<float> x(32, 0.5f), g(32, 0.25f), w1(2 * 8 * 8, 0.1f), w2(2 * 4 * 8, 0.1f), tw(4, 1.f);
+  const std::vector<int32_t> ids = {0, 1, 0, -1};  // 3 rows: 3 x 2F = 24 values
+  const std::vector<float> kept(16, 0.f);          // 2 rows' worth
+  std::vector<float> dx(32), dw(4);
+  try {
+    world.run([&](int r) {
+      bw.run(r, x.data(), 4, ids.data(), tw.data(), w1.data(), w2.data(), g.data(), dx.data(), dw.data(), &kept);
+    });
+    ADD_FAILURE() << "no error for a kept h of another call's rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h_saved holds 16 values, this call's 3 rows need 24"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
