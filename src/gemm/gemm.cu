@@ -513,7 +513,8 @@ GemmConfig choose_plain(const GemmDesc& d, int num_sms, bool grouped, double mem
   // bandwidth: on one H100 (3.35 TB/s) the whole 128x256 tile ran 1.06-1.37x faster than this
   // ping-pong on all 12 Mixtral cases (geomean 1.20; 2026-12-07,
   // bench/results/2026-12-07-h100-grouped-mixtral-ab-7611fd9*): 128x128 tiles read 1.33x the
-  // bytes per FLOP of 128x256, which the H200's 4.8 TB/s covers and the H100's does not.
+  // bytes per FLOP of 128x256, which the H200's 4.8 TB/s covers and the H100's does not (the
+  // hypothesis; DeepSeek-like groups on an H100 follow it unmeasured so far).
   const bool pingpong = tma_ok && !split2 && !best.stream && tiles_of(narrow) > sms &&
                         (grouped ? d.n >= kGroupedPingpongMinN && mem_gbps >= kGroupedPingpongMinGbps
                                  : k_tiles <= 16);
