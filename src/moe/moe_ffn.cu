@@ -617,7 +617,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   int2* row_src[kMaxMoeRanks] = {};
   float* row_w[kMaxMoeRanks] = {};
 
-  // MoeFfn::run_layer0's h_out: the pre-activation rows [max_rows, 2F] (SwiGLU's tile column
+  // MoeFfn::run_layer0's preact_out: the pre-activation rows [max_rows, 2F] (SwiGLU's tile column
   // order; F columns without SwiGLU), for a backward pass that reads them instead of recomputing.
   static constexpr bool kPreactOut = true;
   E* preact = nullptr;
@@ -1641,6 +1641,8 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     CCFUSE_ARG_CHECK(topk_ids != nullptr && topk_w != nullptr, "topk_ids and topk_w must be device pointers");
   }
   check_ptr(w1, "w1");
+  CCFUSE_ARG_CHECK(gemm || !s.cfg.gather_rows, "gemm = false (the dispatch alone) places no rows with "
+                   "gather_rows (its GEMM reads them in place)");
   if (preact_out != nullptr) {
     check_ptr(preact_out, "preact_out");
     CCFUSE_ARG_CHECK(gemm, "preact_out needs layer 0's GEMM (gemm = true)");

@@ -375,6 +375,14 @@ TEST(GpuMoeFfnBackward, RejectsBadInput) {
     } catch (const InvalidArgument& e) {
       EXPECT_STREQ(e.what(), "preact_out needs layer 0's GEMM (gemm = true)");
     }
+    MoeFfn gathering(team, d, cfg);  // all-gather with gather_rows: the GEMM reads the rows in place
+    try {
+      gathering.run_layer0(nullptr, 0, nullptr, nullptr, base, nullptr, nullptr, /*gemm=*/false);
+      ADD_FAILURE() << "no error for the dispatch alone with gather_rows";
+    } catch (const InvalidArgument& e) {
+      EXPECT_STREQ(e.what(), "gemm = false (the dispatch alone) places no rows with gather_rows (its GEMM reads "
+                             "them in place)");
+    }
     MoeFfnBackward op(team, d, false);
     const DevPtr ids = dev_alloc(64 * 4), tw = dev_alloc(64 * 4), dtw = dev_alloc(64 * 4);
     for (const auto& [h_saved, want] :
