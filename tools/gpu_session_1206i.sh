@@ -27,7 +27,7 @@ if [[ $parts == *" 1 "* ]]; then
   table+=("MoeFfnBackward one-GPU W=2: rc=$? $(tests_line "$O/bwd_w2.log")")
   grep -hE '^\[  FAILED  \] [A-Z]|Failure|rel_err|Expected|Which is|seed' "$O/bwd_w1.log" "$O/bwd_w2.log" | head -12 > "$O/bwd_fail.txt"
   if [ "${G1206I_SKIP_FWD:-0}" = 0 ]; then
-    timeout 150 $B/ccfuse_gpu_tests --gtest_filter='Routing/GpuMoeFfn.*:GpuMoeFfn.*' > "$O/moe_fwd_w1.log" 2>&1
+    timeout 240 $B/ccfuse_gpu_tests --gtest_filter='Routing/GpuMoeFfn.*:GpuMoeFfn.*' > "$O/moe_fwd_w1.log" 2>&1
     table+=("MoE forward W=1 (layer-1 layout refactor): rc=$? $(tests_line "$O/moe_fwd_w1.log")")
   fi
 fi
