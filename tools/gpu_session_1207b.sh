@@ -15,6 +15,9 @@ table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 timeout 60 .carry/bin/ccfuse_gpu_tests --gtest_filter='GemmValidation.*' > "$O/logs/gemm_validation.log" 2>&1
 table+=("GemmValidation: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$O/logs/gemm_validation.log" | tr '\n' ' ')")
+CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 CCFUSE_TEST_ONE_GPU_RANKS=2 timeout 120 \
+  .carry/bin/ccfuse_gpu_tests --gtest_filter='GpuMoeFfnBackward.RejectsBadInput' > "$O/logs/bwd_bad_input.log" 2>&1
+table+=("GpuMoeFfnBackward.RejectsBadInput: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$O/logs/bwd_bad_input.log" | tr '\n' ' ')")
 CCFUSE_GROUPED_ONLY="${G1207B_ONLY:-mixtral|dsv3}" OUT="$O/logs/g" timeout $(( ${CCFUSE_SESSION_BUDGET_S:-400} - SECONDS )) \
   bash tools/gpu_run.sh grouped grouped_ab > "$O/logs/g.txt" 2>&1
 table+=("grouped + A/B: rc=$?")
