@@ -11,10 +11,12 @@ relative error (norm) <= 2e-2 (bf16 kernels; the weight gradients sum over all r
 Cases: uniform top-2, ragged tokens per rank with dropped slots, every token's first slot on one
 expert (the other experts mostly empty), top-8 of 16 experts, a rank with no tokens (W > 1).
 Each case with each --backward mode (unfused: ccfuse.moe_grad; fused: ccfuse's MoeFfnBackward;
-fused_keep: the same with recompute=False, the forward keeping layer 0's pre-activation).
+fused_keep: the same with recompute=False, the forward keeping layer 0's pre-activation; a
+suffix _kw: the weight gradients by ccfuse's K-grouped GEMM, wgrad="ccfuse").
 Then the timing (CUDA events, interleaved rounds, medians) on a Qwen3-30B-A3B-like layer (H 2048,
 F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward per mode, the
-fused backward's kernels (d x, d topk_w) and weight gradients (torch._grouped_mm) alone, the
+fused backward's kernels (d x, d topk_w) and weight gradients (torch._grouped_mm; with a _kw mode
+also ccfuse's K-grouped GEMM on the same rows) alone, the
 forward that keeps h and the kernels that read it (fused_keep); at W = 1 also
 a pure torch layer (sort, torch._grouped_mm, SwiGLU, index_add; torch autograd) for scale.
 --inject-fault scales one row of d x after the backward: the check must then fail (exit 1).
@@ -77,9 +79,11 @@ def torch_layer(x, ids, w, w1, w2):
 
 
 def make_ffn(p1, p2, experts, topk, max_tokens, mode):
-    """torch_ops.MoeFfn for a backward mode: unfused, fused, or fused_keep (recompute=False)."""
+    """torch_ops.MoeFfn for a backward mode: unfused, fused, fused_keep (recompute=False), and the
+    fused ones with _kw (wgrad="ccfuse")."""
     return cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max_tokens,
-                     backward="fused" if mode == "fused_keep" else mode, recompute=mode != "fused_keep")
+                     backward="unfused" if mode == "unfused" else "fused", recompute="keep" not in mode,
+                     wgrad="ccfuse" if mode.endswith("_kw") else "torch")
 
 
 def time_ms(fns, iters, warmup):
@@ -108,9 +112,9 @@ def main():
     ap.add_argument("--inject-fault", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="skip the correctness cases")
-    ap.add_argument("--backward", default="unfused,fused,fused_keep",
-                    help="MoeFfn backward modes to check (comma-separated; fused_keep: backward='fused', "
-                         "recompute=False)")
+    ap.add_argument("--backward", default="unfused,fused,fused_keep,fused_keep_kw",
+                    help="MoeFfn backward modes to check (comma-separated: unfused, fused, fused_keep = "
+                         "backward='fused' with recompute=False, and fused[_keep]_kw = with wgrad='ccfuse')")
     ap.add_argument("--borrow-comm", action="store_true",
                     help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
     args = ap.parse_args()
@@ -136,6 +140,9 @@ def main():
     if world > 1:
         cases.append(("rank0_no_tokens", 8, 2, [0] + [200] * (world - 1), 512, 256, "uniform", 0.0))
     modes = args.backward.split(",")
+    known = ("unfused", "fused", "fused_keep", "fused_kw", "fused_keep_kw")
+    if any(m not in known for m in modes):
+        ap.error("--backward %r: each mode must be one of %s" % (args.backward, ", ".join(known)))
     if args.timing_only:
         cases = []
     for ci, (name, experts, topk, tokens, h, f, routing, drop) in enumerate(
@@ -197,6 +204,9 @@ def main():
             ff, xd, wd, p1d, p2d = ffns["fused"], x.detach(), wt.detach(), p1.detach(), p2.detach()
             fns["fused_bwd_kernels"] = lambda: ff._fused_backward_kernels(xd, ids[rank], wd, gs[rank], p1d, p2d)
             fns["fused_bwd_wgrad"] = lambda: ff._fused_wgrad(xd, p1d)
+        for kw in [m for m in modes if m.endswith("_kw")][:1]:  # the K-grouped GEMM on its own rows
+            fw, xd, p1d = ffns[kw], x.detach(), p1.detach()
+            fns["fused_bwd_wgrad_kgrouped"] = lambda: fw._fused_wgrad(xd, p1d)
         if "fused_keep" in modes:  # the training forward that keeps h, and the kernels that read it
             fk, xd, wd, p1d, p2d = ffns["fused_keep"], x.detach(), wt.detach(), p1.detach(), p2.detach()
             kept = fk._run(xd, ids[rank], wd, keep_h=True)[1]

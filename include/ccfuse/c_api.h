@@ -45,6 +45,11 @@
  * off_g is the prefix sum of the counts. Rows past the counts' total are not written; rows past
  * max_rows are dropped. workspace: device memory of ccfuse_grouped_gemm_workspace_bytes bytes,
  * 16-byte aligned, used in stream order (one per concurrently running call).
+ *   ccfuse_kgrouped_gemm(G, max_rows, m, n, dtype, a, b, c, group_rows, workspace, stream)
+ * The K-grouped form (the experts' weight gradients): c[g] [m, n] = a_g^T @ b_g, a_g and b_g being
+ * group g's rows [off_g, off_g + rows_g) of a [max_rows, m] and b [max_rows, n]; c [G, m, n] (zeros
+ * for a group without rows); torch._grouped_mm(a.t(), b, offs=cumsum(rows)) computes the same.
+ * m and n multiples of 8; workspace as for ccfuse_grouped_gemm (ccfuse_grouped_gemm_workspace_bytes).
  *
  * The GPU MoE router (ccfuse/moe/router_gpu.h, docs/moe-routing.md; no Team needed): top-k experts
  * per token from the caller's fp32 gate logits, with an optional capacity.
@@ -137,6 +142,8 @@ int ccfuse_gemm(int64_t m, int64_t n, int64_t k, int dtype, int b_kn, const void
 int ccfuse_grouped_gemm_workspace_bytes(int num_groups, int64_t* bytes);
 int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, int dtype, int b_kn, const void* a,
                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);
+int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
+                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);
 /* Bytes of device workspace ccfuse_moe_route needs for num_tokens tokens: 0 for dropless configs
  * (capacity_factor 0) and whenever the capacity cannot bind (capacity >= num_tokens); otherwise
  * the radix sort's buffers, sized by querying CUB on the current device. Checks the arguments as

@@ -16,6 +16,8 @@ dependency here; ccfuse.torch_ops wraps it for torch tensors).
                                                             # (workspace=: gemm_workspace_bytes(...) bytes)
     ws = lib.grouped_gemm_workspace_bytes(num_groups)       # bytes of device memory for:
     lib.grouped_gemm(num_groups, max_rows, n, k, a, b, c, group_rows, workspace, stream)
+    lib.kgrouped_gemm(num_groups, max_rows, m, n, a, b, c, group_rows, workspace, stream)
+                                            # c[g] = a_g^T @ b_g (weight gradients), same workspace
     ws = lib.route_workspace_bytes(experts, topk, tokens, capacity_factor=1.25)  # MoE router, no Team
     lib.route(experts, topk, logits, tokens, bias, topk_ids, topk_weights, tokens_per_expert, dropped,
               workspace, stream, capacity_factor=1.25)  # score="softmax" | "sigmoid", normalize=True,
@@ -146,6 +148,7 @@ class Ccfuse:
         d.ccfuse_grouped_gemm_workspace_bytes.argtypes = [ctypes.c_int, ctypes.POINTER(i64)]
         d.ccfuse_grouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp,
                                           vp, vp]
+        d.ccfuse_kgrouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, vp, vp, vp, vp, vp, vp]
         ci, cd = ctypes.c_int, ctypes.c_double
         d.ccfuse_moe_route_workspace_bytes.argtypes = [ci, ci, ci, ci, cd, ci, ci, i64, ctypes.POINTER(i64)]
         d.ccfuse_moe_route.argtypes = [ci, ci, ci, ci, cd, ci, ci, vp, i64, vp, vp, vp, vp, vp, vp, vp]
@@ -220,6 +223,12 @@ class Ccfuse:
         """Per group g, its rows of c = the same rows of a @ b[g]; group_rows: int32 counts on the device."""
         self._check(self._dll.ccfuse_grouped_gemm(num_groups, max_rows, n, k, self._dtype(dtype), 1 if b_kn else 0,
                                                   a, b, c, group_rows, workspace, stream))
+
+    def kgrouped_gemm(self, num_groups, max_rows, m, n, a, b, c, group_rows, workspace, stream, dtype="bf16"):
+        """c[g] [m, n] = a_g^T @ b_g, a_g and b_g group g's rows of a [max_rows, m] and b [max_rows, n]
+        (the experts' weight gradients); c [num_groups, m, n]; workspace: grouped_gemm_workspace_bytes."""
+        self._check(self._dll.ccfuse_kgrouped_gemm(num_groups, max_rows, m, n, self._dtype(dtype), a, b, c,
+                                                   group_rows, workspace, stream))
 
     SCORES = {"softmax": 0, "sigmoid": 1}
     DROPS = {"position": 0, "probability": 1}

@@ -624,10 +624,17 @@ class MoeFfn:
     per call (max_rows = max_tokens * topk * world size), and the backward skip layer 0's GEMM for
     x (docs/moe-layers.md, "The backward pass"; on one H100 at W = 1, Qwen3-like: forward +
     backward 3.49 -> 3.21 ms).
+    wgrad (backward="fused" only): who computes the weight gradients over the rows the backward
+    left: "torch" (torch._grouped_mm) or "ccfuse" (the engine's K-grouped GEMM, gemm.h's
+    kgrouped_run: no host sync, zeros for experts without rows).
     """
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True):
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True,
+                 wgrad="torch"):
         lib = _need_lib()
+        if wgrad not in ("torch", "ccfuse"):
+            raise ValueError("wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got %r"
+                             % (wgrad,))
         if backward not in ("unfused", "fused"):
             raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
                              "got %r" % (backward,))
@@ -653,6 +660,8 @@ class MoeFfn:
         self.w2 = w2
         self.hidden, self.topk, self.max_tokens, self.num_experts = h, topk, max_tokens, num_experts
         self.ffn, self.imbalance, self.backward, self.recompute = f, imbalance, backward, recompute
+        self.wgrad = wgrad
+        self._wgrad_ws = None  # the K-grouped GEMM's workspace (wgrad="ccfuse"), made at first use
         self._max_rows = None  # of the forward's layer (rows of the kept h), asked at first use
         self._bwd = None  # the fused backward's handle, made at its first use (collective: every rank's
         #                   first backward, as every rank runs the same layers)
@@ -774,9 +783,22 @@ class MoeFfn:
         return dx, dw
 
     def _fused_wgrad(self, x, w1):
-        """d w1, d w2 by torch._grouped_mm over the rows the last MoeFfnBackward run left."""
+        """d w1, d w2 over the rows the last MoeFfnBackward run left: by torch._grouped_mm, or by
+        ccfuse's K-grouped GEMM (wgrad="ccfuse")."""
         xr, dh, gr, pa, rows, max_rows = self._bwd.operands()
         e_local, h, f = w1.shape[0], self.hidden, self.ffn
+        if self.wgrad == "ccfuse":
+            lib = _need_lib()
+            if self._wgrad_ws is None:
+                self._wgrad_ws = torch.empty((lib.grouped_gemm_workspace_bytes(e_local),), dtype=torch.uint8,
+                                             device=x.device)
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+            dw1 = torch.empty((e_local, 2 * f, h), dtype=x.dtype, device=x.device)
+            dw2 = torch.empty((e_local, h, f), dtype=x.dtype, device=x.device)
+            ws = self._wgrad_ws.data_ptr()
+            lib.kgrouped_gemm(e_local, max_rows, 2 * f, h, dh, xr, dw1.data_ptr(), rows, ws, stream)
+            lib.kgrouped_gemm(e_local, max_rows, h, f, gr, pa, dw2.data_ptr(), rows, ws, stream)
+            return dw1, dw2
         counts = torch.as_tensor(_CudaArray(rows, (e_local,), "<i4"), device=x.device)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         dw1 = torch._grouped_mm(_device_view(dh, (max_rows, 2 * f), x).t(), _device_view(xr, (max_rows, h), x), offs=offs)

@@ -430,6 +430,21 @@ int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, 
   });
 }
 
+int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
+                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream) {
+  return guarded([&] {
+    ccfuse::gemm::KGroupedGemmDesc d;
+    d.num_groups = num_groups;
+    d.max_rows = max_rows;
+    d.m = m;
+    d.n = n;
+    d.dtype = gemm_dtype(dtype);
+    check_pointers({{a, "a"}, {b, "b"}, {c, "c"}, {group_rows, "group_rows"}, {workspace, "workspace"}});
+    const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms());
+    ccfuse::gemm::kgrouped_run(d, cfg, a, b, c, group_rows, workspace, nullptr, stream);
+  });
+}
+
 int ccfuse_moe_route_workspace_bytes(int num_experts, int topk, int score, int normalize, double capacity_factor,
                                      int drop, int world_size, int64_t num_tokens, int64_t* bytes) {
   return guarded([&] {

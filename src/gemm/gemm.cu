@@ -713,4 +713,100 @@ void grouped_run(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a,
   else grouped_dtype<cutlass::half_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
 }
 
+namespace {
+// K-grouped (the weight gradients): A [max_rows, m] read as A^T (MN-major), B [max_rows, n]
+// (N-major), C [num_groups * m, n]; the prefix of the groups' rows from the grouped GEMM's scan
+// (its tile prefix unused: one tile a row).
+template <class Traits>
+void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                     const int* group_rows, void* workspace, int* overflow, cudaStream_t stream) {
+  sm90::KGroupedSchedule sched;
+  sched.num_groups = d.num_groups;
+  sched.m_tiles = int(ceil_div(d.m, cfg.block_m));
+  sched.n_tiles = int(ceil_div(d.n, cfg.block_n));
+  sched.block_m = cfg.block_m;
+  sched.block_k = cfg.block_k;
+  sched.group_m = cfg.group_m;
+  sched.m = d.m;
+  auto* row_prefix = static_cast<int64_t*>(workspace);
+  auto* tile_prefix = reinterpret_cast<int*>(row_prefix + d.num_groups + 1);
+  sched.row_prefix = row_prefix;
+  grouped_prefix_kernel<<<1, 32, 0, stream>>>(group_rows, d.num_groups, 1, 1, d.max_rows, tile_prefix, row_prefix,
+                                              overflow);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
+  sm90::launch_gemm<Traits>(int64_t(d.num_groups) * d.m, d.n, d.max_rows, a, d.m, b, d.n, c, d.n, sched,
+                            sm90::PlainEpilogue{}, sms, stream, 1, d.n * d.max_rows, nullptr, 0, false, 0, nullptr, 0,
+                            d.m);
+}
+
+template <class E>
+void kgrouped_dtype(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                    const int* rows, void* ws, int* overflow, cudaStream_t s) {
+  if (cfg.block_n == 256)
+    launch_kgrouped<sm90::Traits<E, 128, 256, 64, 3, false, 1, true, false, false, 0, true>>(d, cfg, a, b, c, rows, ws,
+                                                                                            overflow, s);
+  else
+    launch_kgrouped<sm90::Traits<E, 128, 128, 64, 5, false, 1, true, false, false, 0, true>>(d, cfg, a, b, c, rows, ws,
+                                                                                            overflow, s);
+}
+}  // namespace
+
+void validate(const KGroupedGemmDesc& d, const GemmConfig& cfg) {
+  CCFUSE_ARG_CHECK(d.num_groups >= 1, "num_groups ", d.num_groups, " must be at least 1");
+  CCFUSE_ARG_CHECK(d.max_rows > 0, "max_rows ", d.max_rows, " must be positive (the bound on the rows of all groups)");
+  CCFUSE_ARG_CHECK(d.m > 0 && d.n > 0, "m and n (", d.m, ", ", d.n, ") must be positive");
+  constexpr int64_t kMaxDim = (int64_t(1) << 31) - 1;
+  CCFUSE_ARG_CHECK(d.max_rows <= kMaxDim && d.n <= kMaxDim && int64_t(d.num_groups) * d.m <= kMaxDim,
+                   "max_rows, n and num_groups * m must each be below 2^31 (TMA coordinates are 32-bit)");
+  CCFUSE_ARG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16, "dtype ", dtype_name(d.dtype),
+                   " is not supported by the GEMM engine (bf16, fp16)");
+  const int64_t align = 16 / dtype_size(d.dtype);
+  CCFUSE_ARG_CHECK(d.m % align == 0, "m ", d.m, " must be a multiple of ", align, " for ", dtype_name(d.dtype),
+                   " (TMA needs 16-byte aligned rows of A [rows, m])");
+  CCFUSE_ARG_CHECK(d.n % align == 0, "n ", d.n, " must be a multiple of ", align, " for ", dtype_name(d.dtype),
+                   " (TMA needs 16-byte aligned rows of B [rows, n] and C)");
+  const bool wide = cfg.block_m == kTmaStoreShape.block_m && cfg.block_n == kTmaStoreShape.block_n &&
+                    cfg.block_k == kTmaStoreShape.block_k && cfg.stages == kTmaStoreShape.stages;
+  const bool narrow = cfg.block_m == kTmaStoreNarrowShape.block_m && cfg.block_n == kTmaStoreNarrowShape.block_n &&
+                      cfg.block_k == kTmaStoreNarrowShape.block_k && cfg.stages == kTmaStoreNarrowShape.stages;
+  CCFUSE_ARG_CHECK(cfg.tma_store && (wide || narrow) && !cfg.pingpong && cfg.cluster_m == 1 && cfg.cluster_n == 1 &&
+                       cfg.split_k == 1 && !cfg.stream_k,
+                   "the K-grouped GEMM is built for the cooperative TMA-store tiles 128x256x64/3 and 128x128x64/5 "
+                   "(no pingpong, clusters, split-K or stream-K), not ",
+                   to_string(cfg), cfg.tma_store ? "" : " without tma_store");
+  CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
+}
+
+GemmConfig choose_config(const KGroupedGemmDesc& d, int num_sms) {
+  GemmConfig c;
+  const bool wide = d.n > 128;
+  c.block_m = 128;
+  c.block_n = wide ? kTmaStoreShape.block_n : kTmaStoreNarrowShape.block_n;
+  c.block_k = 64;
+  c.stages = wide ? kTmaStoreShape.stages : kTmaStoreNarrowShape.stages;
+  c.tma_store = true;
+  c.num_sms = num_sms;
+  c.group_m = 8;
+  return c;
+}
+
+size_t kgrouped_workspace_bytes(const KGroupedGemmDesc& d) {  // the grouped GEMM's prefix arrays
+  GroupedGemmDesc g;
+  g.num_groups = d.num_groups;
+  return grouped_workspace_bytes(g);
+}
+
+void kgrouped_run(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
+                  const int* group_rows, void* workspace, int* overflow, void* stream) {
+  validate(d, cfg);
+  CCFUSE_ARG_CHECK(group_rows != nullptr, "group_rows must point to num_groups ints in device memory");
+  CCFUSE_ARG_CHECK(workspace != nullptr, "workspace must hold kgrouped_workspace_bytes(desc) bytes of device memory");
+  for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
+    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+  auto s = static_cast<cudaStream_t>(stream);
+  if (d.dtype == DType::kBFloat16) kgrouped_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
+  else kgrouped_dtype<cutlass::half_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
+}
+
 }  // namespace ccfuse::gemm

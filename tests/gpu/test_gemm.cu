@@ -1450,5 +1450,190 @@ std::vector<GroupedCase> grouped_cases() {
 INSTANTIATE_TEST_SUITE_P(Groups, GroupedGemm, ::testing::ValuesIn(grouped_cases()),
                          [](const ::testing::TestParamInfo<GroupedCase>& i) { return i.param.name; });
 
+// ---- K-grouped GEMM (the weight gradients) ---------------------------------------------------
+
+// C_g[i, j] = sum over the group's rows r of A[r, i] B[r, j], fp64; C [groups, m, n].
+template <class E>
+__global__ void reference_kgrouped(const E* a, const E* b, const int64_t* offs, int groups, int64_t m, int64_t n,
+                                   double* c) {
+  const int64_t i = blockIdx.y * int64_t(blockDim.y) + threadIdx.y;
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int g = int(blockIdx.z);
+  if (i >= m || j >= n || g >= groups) return;
+  double acc = 0;
+  for (int64_t r = offs[g]; r < offs[g + 1]; ++r)
+    acc += ccfuse::testing::to_double(a[r * m + i]) * ccfuse::testing::to_double(b[r * n + j]);
+  c[(int64_t(g) * m + i) * n + j] = acc;
+}
+
+struct KGroupedCase {
+  std::string name;
+  std::vector<int> rows;  // per group; may be 0
+  int64_t m, n;
+  int block_n;            // 256 or 128; 0 = choose_config's
+  int64_t extra_capacity;  // max_rows = sum(rows) + this; negative: rows dropped on purpose
+  DType dtype = DType::kBFloat16;
+  int num_sms = 0;
+};
+void PrintTo(const KGroupedCase& c, std::ostream* os) { *os << c.name; }
+class KGroupedGemm : public ::testing::TestWithParam<KGroupedCase> {};
+
+// Every group's C against its fp64 sum; A and B rows past the kept ones are NaN (a tail k-block
+// that read them unzeroed would poison its group), C starts as NaN (every element must be
+// written: a group without rows gets zeros).
+TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
+  CCFUSE_REQUIRE_GPUS(1);
+  const KGroupedCase kc = GetParam();
+  int64_t total = 0;
+  for (int r : kc.rows) total += r;
+  KGroupedGemmDesc d;
+  d.num_groups = int(kc.rows.size());
+  d.max_rows = total + kc.extra_capacity;
+  d.m = kc.m;
+  d.n = kc.n;
+  d.dtype = kc.dtype;
+  GemmConfig cfg = choose_config(d, kc.num_sms);
+  if (kc.block_n == 256) cfg = GemmConfig{128, 256, 64, 3, kc.num_sms};
+  if (kc.block_n == 128) cfg = GemmConfig{128, 128, 64, 5, kc.num_sms};
+  cfg.tma_store = true;
+  std::random_device rd;
+  const uint64_t seed = rd();
+  SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
+  // The rows each group keeps (the kernel drops those past max_rows) and their offsets.
+  std::vector<int64_t> offs(size_t(d.num_groups) + 1, 0);
+  for (int g = 0; g < d.num_groups; ++g)
+    offs[size_t(g) + 1] = std::min<int64_t>(offs[size_t(g)] + kc.rows[size_t(g)], d.max_rows);
+  const int64_t kept = offs.back();
+  auto ha = ccfuse::testing::random_16(d.dtype, seed, 1, size_t(d.max_rows * d.m));
+  auto hb = ccfuse::testing::random_16(d.dtype, seed, 2, size_t(d.max_rows * d.n));
+  std::fill(ha.begin() + kept * d.m, ha.end(), uint16_t(0xffff));
+  std::fill(hb.begin() + kept * d.n, hb.end(), uint16_t(0xffff));
+  const size_t nc = size_t(d.num_groups) * d.m * d.n;
+  void *a = nullptr, *b = nullptr, *c = nullptr, *ws = nullptr;
+  double* ref = nullptr;
+  int64_t* offs_dev = nullptr;
+  int *rows_dev = nullptr, *overflow = nullptr;
+  CCFUSE_CUDA_CHECK(cudaMalloc(&a, ha.size() * 2));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&b, hb.size() * 2));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&c, nc * 2));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&ref, nc * sizeof(double)));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&offs_dev, offs.size() * sizeof(int64_t)));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&rows_dev, kc.rows.size() * sizeof(int)));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&overflow, sizeof(int)));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&ws, kgrouped_workspace_bytes(d)));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, nc * 2));
+  CCFUSE_CUDA_CHECK(cudaMemset(overflow, 0xff, sizeof(int)));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(offs_dev, offs.data(), offs.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(rows_dev, kc.rows.data(), kc.rows.size() * sizeof(int), cudaMemcpyHostToDevice));
+  kgrouped_run(d, cfg, a, b, c, rows_dev, ws, overflow, nullptr);
+  const dim3 block(16, 16), grid(unsigned((d.n + 15) / 16), unsigned((d.m + 15) / 16), unsigned(d.num_groups));
+  if (d.dtype == DType::kBFloat16)
+    reference_kgrouped<<<grid, block>>>(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
+                                        offs_dev, d.num_groups, d.m, d.n, ref);
+  else
+    reference_kgrouped<<<grid, block>>>(static_cast<const __half*>(a), static_cast<const __half*>(b), offs_dev,
+                                        d.num_groups, d.m, d.n, ref);
+  CCFUSE_CUDA_CHECK_LAUNCH();
+  CCFUSE_CUDA_CHECK(cudaDeviceSynchronize());
+  int dropped = -1;
+  CCFUSE_CUDA_CHECK(cudaMemcpy(&dropped, overflow, sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(dropped, int(total - kept));
+  std::vector<uint16_t> hc(nc);
+  std::vector<double> hr(nc);
+  CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), c, nc * 2, cudaMemcpyDeviceToHost));
+  CCFUSE_CUDA_CHECK(cudaMemcpy(hr.data(), ref, nc * sizeof(double), cudaMemcpyDeviceToHost));
+  const size_t per = size_t(d.m * d.n);
+  for (int g = 0; g < d.num_groups; ++g) {
+    double num = 0, den = 0;
+    for (size_t i = size_t(g) * per; i < size_t(g + 1) * per; ++i) {
+      const double v = ccfuse::testing::value_of_16(d.dtype, hc[i]);
+      ASSERT_TRUE(std::isfinite(v)) << "group " << g << " element " << i - size_t(g) * per << " (rows "
+                                    << offs[size_t(g) + 1] - offs[size_t(g)] << ") not finite";
+      if (offs[size_t(g) + 1] == offs[size_t(g)]) ASSERT_EQ(v, 0.0) << "group " << g << " has no rows";
+      num += (v - hr[i]) * (v - hr[i]);
+      den += hr[i] * hr[i];
+    }
+    if (den > 0) EXPECT_LE(std::sqrt(num / den), 1e-2) << "group " << g;
+  }
+  for (void* p : {a, b, c, ws, static_cast<void*>(ref), static_cast<void*>(offs_dev), static_cast<void*>(rows_dev),
+                  static_cast<void*>(overflow)})
+    cudaFree(p);
+}
+
+std::vector<KGroupedCase> kgrouped_cases() {
+  std::vector<KGroupedCase> out;
+  // Tails of every length class: none, 1, 63, 64 + 1, a group of one row, empty groups.
+  const std::vector<int> mixed = {0, 1, 63, 64, 65, 200, 0, 1000, 128};
+  for (int bn : {256, 128}) {
+    const std::string s = "_bn" + std::to_string(bn);
+    out.push_back({"mixed" + s, mixed, 256, 512, bn, 0});
+    out.push_back({"mixed_fp16" + s, mixed, 256, 512, bn, 40, DType::kFloat16});
+    // m and n cut by the tiles: rows past m from registers, columns past n clipped by TMA.
+    out.push_back({"cut_m_n" + s, mixed, 200, 264, bn, 8});
+    out.push_back({"few_sms" + s, mixed, 384, 768, bn, 0, DType::kBFloat16, 5});
+  }
+  std::vector<int> zipf;
+  for (int e = 0; e < 64; ++e) zipf.push_back(e % 9 == 4 ? 0 : int(4000 / (e + 1)));
+  out.push_back({"zipf64", zipf, 768, 1024, 0, 0});
+  out.push_back({"all_empty", {0, 0, 0}, 256, 256, 0, 16});
+  out.push_back({"overflow_drops_rows", {300, 300, 300}, 256, 256, 256, -200});
+  std::vector<int> seventy;
+  for (int g = 0; g < 70; ++g) seventy.push_back(g % 7 == 3 ? 0 : 37 + (g * 13) % 100);
+  out.push_back({"overflow_past_32_groups", seventy, 128, 128, 128, -250});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, KGroupedGemm, ::testing::ValuesIn(kgrouped_cases()),
+                         [](const ::testing::TestParamInfo<KGroupedCase>& i) { return i.param.name; });
+
+TEST(GemmValidation, KGroupedRules) {
+  KGroupedGemmDesc d;
+  d.num_groups = 4;
+  d.max_rows = 1000;
+  d.m = 256;
+  d.n = 512;
+  const GemmConfig ok = choose_config(d, 0);
+  EXPECT_NO_THROW(validate(d, ok));
+  EXPECT_TRUE(ok.tma_store);
+  EXPECT_EQ(ok.block_n, 256);
+  KGroupedGemmDesc narrow = d;
+  narrow.n = 128;
+  EXPECT_EQ(choose_config(narrow, 0).block_n, 128);
+  auto invalid = [](const KGroupedGemmDesc& x, const GemmConfig& cfg, const char* message) {
+    try {
+      validate(x, cfg);
+      ADD_FAILURE() << "accepted; expected: " << message;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  KGroupedGemmDesc bad = d;
+  bad.m = 100;
+  invalid(bad, ok, "m 100 must be a multiple of 8");
+  bad = d;
+  bad.n = 36;
+  invalid(bad, ok, "n 36 must be a multiple of 8");
+  bad = d;
+  bad.num_groups = 0;
+  invalid(bad, ok, "num_groups 0 must be at least 1");
+  bad = d;
+  bad.max_rows = 0;
+  invalid(bad, ok, "max_rows 0 must be positive");
+  bad = d;
+  bad.dtype = DType::kFloat32;
+  invalid(bad, ok, "is not supported by the GEMM engine");
+  GemmConfig cfg = ok;
+  cfg.pingpong = true;
+  invalid(d, cfg, "built for the cooperative TMA-store tiles");
+  cfg = ok;
+  cfg.tma_store = false;
+  invalid(d, cfg, "without tma_store");
+  cfg = GemmConfig{128, 192, 64, 4};
+  cfg.tma_store = true;
+  invalid(d, cfg, "built for the cooperative TMA-store tiles");
+}
+
 }  // namespace
 }  // namespace ccfuse::gemm

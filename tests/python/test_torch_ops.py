@@ -233,6 +233,9 @@ class FakeLib:
     def grouped_gemm(self, *args, **kw):
         self.log.append(("grouped_gemm",) + args + tuple(sorted(kw.items())))
 
+    def kgrouped_gemm(self, *args, **kw):
+        self.log.append(("kgrouped_gemm",) + args + tuple(sorted(kw.items())))
+
 
 class TorchOps(unittest.TestCase):
     def setUp(self):
@@ -527,6 +530,24 @@ class TorchOps(unittest.TestCase):
                    "w2 must be the layer's (4, 512, 128), got (4, 512, 64)")
         fused.close()
         self.assertEqual(log[-1], ("moe_bwd_close",))
+        # wgrad="ccfuse": the weight gradients by the K-grouped GEMM on the same operands (d h^T x
+        # and g^T (p a) per expert, the experts' row counts on the device), no torch._grouped_mm
+        self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, wgrad="cutlass"),
+                   "wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got 'cutlass'")
+        kw = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, wgrad="ccfuse")
+        y = kw(x, ids, wg)
+        fn, ctx = y.grad_fn
+        n = len(log)
+        torch.grouped_mms.clear()
+        dx, dw, dw1, dw2, none1, none2 = fn.backward(ctx, self.bf16(64, 512))
+        self.assertEqual(torch.grouped_mms, [])
+        kg = [e for e in log[n:] if e[0] == "kgrouped_gemm"]
+        self.assertEqual([e[1:5] for e in kg], [(4, 640, 256, 512), (4, 640, 512, 128)])  # (E/W, max_rows, m, n)
+        self.assertEqual([e[5:7] for e in kg], [(2 << 30, 1 << 30), (3 << 30, 4 << 30)])  # (d h, x), (g, p a)
+        self.assertEqual([e[7] for e in kg], [dw1.data_ptr(), dw2.data_ptr()])
+        self.assertEqual({e[8] for e in kg}, {5 << 30})  # the backward's rows per expert
+        self.assertEqual((dw1.shape, dw2.shape), ((4, 256, 512), (4, 512, 128)))
+        kw.close()
         # under torch.compile: "unfused" refuses (its host sync); "fused" traces into the custom ops
         # torch.ops.ccfuse.moe_ffn and moe_ffn_backward (the layer by its handle), nothing run eagerly
         fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused")

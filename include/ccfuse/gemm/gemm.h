@@ -165,4 +165,23 @@ size_t grouped_workspace_bytes(const GroupedGemmDesc& desc);
 void grouped_run(const GroupedGemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c,
                  const int* group_rows, void* workspace, int* overflow, void* stream);
 
+// K-grouped GEMM (the MoE experts' weight gradients: d W_g = dY_g^T X_g over the tokens routed to
+// expert g): for g in [0, num_groups), C_g [m, n] = A_g^T B_g, where A_g and B_g are rows
+// [off_g, off_g + rows_g) of A [max_rows, m] and B [max_rows, n] (both row-major: the rows are
+// the contraction), rows_g comes from device memory (no host sync, CUDA-graph capturable) and
+// off_g is its prefix sum. C is [num_groups, m, n], contiguous; a group without rows gets zeros.
+// Rows past max_rows are dropped; their count goes to `overflow` (device int) when it is not
+// null. Cooperative TMA-store tiles 128x256x64/3 and 128x128x64/5 (choose_config's pick); m and n
+// multiples of 8 (16-byte rows for TMA). torch._grouped_mm(a.t(), b, offs) computes the same.
+struct KGroupedGemmDesc {
+  int num_groups = 0;
+  int64_t max_rows = 0, m = 0, n = 0;
+  DType dtype = DType::kBFloat16;
+};
+void validate(const KGroupedGemmDesc& desc, const GemmConfig& config);
+GemmConfig choose_config(const KGroupedGemmDesc& desc, int num_sms);
+size_t kgrouped_workspace_bytes(const KGroupedGemmDesc& desc);
+void kgrouped_run(const KGroupedGemmDesc& desc, const GemmConfig& config, const void* a, const void* b, void* c,
+                  const int* group_rows, void* workspace, int* overflow, void* stream);
+
 }  // namespace ccfuse::gemm

@@ -73,7 +73,8 @@ using namespace cute;
 #endif
 
 template <class Element_, int kBlockM_, int kBlockN_, int kBlockK_, int kStages_, bool kBNK_, int kClusterM_ = 1,
-          bool kTmaStore_ = false, bool kPingpong_ = false, bool kPairN_ = false, int kStagingRing_ = 0>
+          bool kTmaStore_ = false, bool kPingpong_ = false, bool kPairN_ = false, int kStagingRing_ = 0,
+          bool kAMN_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kBlockK = kBlockK_, kStages = kStages_;
@@ -124,8 +125,16 @@ struct Traits {
       kStagingRing > 0 ? kStagingTiles * kStagingRing * kBlockM * kStoreCols : kBlockM * kBlockN * kStagingTiles;
   static_assert(kBlockK * sizeof(Element) == 128, "one 128-byte swizzle atom along K");
 
-  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             make_shape(Int<kBlockM>{}, Int<kBlockK>{}, Int<kStages>{})));
+  // kAMN (K-grouped problems, the MoE weight gradients): A is stored [K, M] (M contiguous, the
+  // transpose of a row-major [rows, M] activation), laid out in shared memory as N-major B is
+  // (64-row slabs of 64x8 swizzle atoms tiled along K first: each slab of a stage one contiguous
+  // 8 KiB block, k-row k of it the 128-byte line k). Cooperative consumers only (KGroupedSchedule).
+  static constexpr bool kAMN = kAMN_;
+  static_assert(!kAMN || (!kPingpong && kClusterM == 1), "A [K, M] is built for unpaired cooperative consumers");
+  using SmemAtomA = conditional_t<kAMN, GMMA::Layout_MN_SW128_Atom<Element>, GMMA::Layout_K_SW128_Atom<Element>>;
+  using SmemOrderA = conditional_t<kAMN, Step<_2, _1, _3>, Step<_1, _2, _3>>;
+  using SmemLayoutA = decltype(tile_to_shape(SmemAtomA{}, make_shape(Int<kBlockM>{}, Int<kBlockK>{}, Int<kStages>{}),
+                                             SmemOrderA{}));
   using SmemAtomB = conditional_t<kBNK, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_MN_SW128_Atom<Element>>;
   // N-major B: tile the 64x8 swizzle atoms along K first, so that each 64-column slab of a
   // stage is one contiguous 64x64 block (one TMA box); N-first tiling cut every stage into
@@ -134,9 +143,10 @@ struct Traits {
   using SmemLayoutB = decltype(tile_to_shape(SmemAtomB{}, make_shape(Int<kBlockN>{}, Int<kBlockK>{}, Int<kStages>{}),
                                              SmemOrderB{}));
   static constexpr GMMA::Major kMajorB = kBNK ? GMMA::Major::K : GMMA::Major::MN;
+  static constexpr GMMA::Major kMajorA = kAMN ? GMMA::Major::MN : GMMA::Major::K;
   using MmaOp = decltype(GMMA::ss_op_selector<Element, Element, float,
                                               Shape<Int<kBlockM / kConsumerWGs>, Int<kBlockN>, Int<kBlockK>>,
-                                              GMMA::Major::K, kMajorB>());
+                                              kMajorA, kMajorB>());
   // Two consumer warpgroups stacked along M; with kPingpong one warpgroup's (its fragment holds
   // both 64-row halves of a tile: MMA_M = 2).
   using TiledMma = decltype(make_tiled_mma(MmaOp{}, Layout<Shape<Int<kPingpong ? 1 : kConsumerWGs>, _1, _1>>{}));
@@ -160,7 +170,16 @@ struct Traits {
 
   // Global views that the TMA descriptors are built from (host side). B is (N, K, groups).
   static auto gmem_a(const Element* a, int64_t m, int64_t k, int64_t lda) {
-    return make_tensor(make_gmem_ptr(a), make_shape(int(m), int(k)), make_stride(lda, _1{}));
+    if constexpr (kAMN)
+      return make_tensor(make_gmem_ptr(a), make_shape(int(m), int(k)), make_stride(_1{}, lda));
+    else
+      return make_tensor(make_gmem_ptr(a), make_shape(int(m), int(k)), make_stride(lda, _1{}));
+  }
+  // kAMN with N-major B: the byte offset, from a stage's start, of the 128-byte line that holds
+  // k-row k of the operand's 64-column slab `slab` (test_store_swizzle.cu checks it against the
+  // layouts); zero_k_tail clears the lines of the rows past a group's end.
+  CCFUSE_HD static constexpr int mn_major_line(int slab, int k) {
+    return (slab * kBlockK + k) * 64 * int(sizeof(Element));
   }
   static auto gmem_b(const Element* b, int64_t n, int64_t k, int64_t ldb, int groups, int64_t group_stride) {
     if constexpr (kBNK)
@@ -281,6 +300,62 @@ struct GroupedSchedule {
   __device__ bool wait_ready(const TileWork&) { return true; }
 };
 
+// K-grouped problems (the MoE experts' weight gradients): C_g [m, n] = A_g^T B_g for every group
+// g, A_g and B_g being rows [row_prefix[g], row_prefix[g + 1]) of A [rows, m] and B [rows, n]
+// (the contraction runs over a group's rows, the tokens routed to expert g). C is [groups * m, n]
+// (group g's tile rows from g * m). Every group has the same m_tiles x n_tiles tiles, in group
+// order, grouped-row-major inside a group; a tile's k-blocks are its group's rows cut in block_k
+// (none for a group without rows: the tile stores zeros). A's tile rows count from 0 in every
+// group (a_row0 below), B is batch 0.
+struct KGroupedSchedule {
+  const int64_t* row_prefix = nullptr;  // [num_groups + 1], device
+  int num_groups = 0, m_tiles = 0, n_tiles = 0, block_m = 128, block_k = 64, group_m = 8;
+  int64_t m = 0;  // rows of one group's C
+  static constexpr bool kHasReady = false;
+  static constexpr bool kHasSide = false;
+  static constexpr bool kKGrouped = true;
+  CCFUSE_HD int64_t num_tiles() const { return int64_t(num_groups) * m_tiles * n_tiles; }
+  int64_t max_tiles() const { return num_tiles(); }
+  __device__ TileWork work(int64_t idx) const {
+    const int64_t per = int64_t(m_tiles) * n_tiles;
+    const int g = int(idx / per);
+    const TileCoord c = grouped_row_major(idx - g * per, m_tiles, n_tiles, group_m);
+    TileWork w{c.m_tile, c.n_tile, g, int64_t(g) * m + int64_t(c.m_tile) * block_m, int64_t(g + 1) * m};
+    w.k_row0 = row_prefix[g];
+    w.k_rows = int(row_prefix[g + 1] - w.k_row0);
+    w.kb_end = (w.k_rows + block_k - 1) / block_k;
+    return w;
+  }
+  CCFUSE_HD int64_t a_row0(const TileWork& w) const { return int64_t(w.m_tile) * block_m; }
+  __device__ bool wait_ready(const TileWork&) { return true; }
+};
+template <class S, class = void>
+struct IsKGrouped : std::false_type {};
+template <class S>
+struct IsKGrouped<S, std::void_t<decltype(S::kKGrouped)>> : std::bool_constant<S::kKGrouped> {};
+
+// A K-grouped tile's last k-block (rows [valid, kBlockK) of it past its group's end, the next
+// group's rows or whatever lies past them): clears those k-rows of the stage's A and B (both
+// MN-major: Traits::mn_major_line) with 16-byte stores by `threads` threads, then orders them
+// before the tensor cores' reads (the async proxy). The caller then synchronises the threads
+// that read the stage.
+template <class Traits>
+__device__ __forceinline__ void zero_k_tail(typename Traits::SharedStorage& ss, int stage, int valid, int thread,
+                                            int threads) {
+  static_assert(Traits::kAMN && !Traits::kBNK, "K-grouped tiles read A and B MN-major");
+  constexpr int kSlabsA = Traits::kBlockM / 64, kSlabsB = Traits::kBlockN / 64;
+  constexpr int kChunks = 64 * int(sizeof(typename Traits::Element)) / 16;  // 16-byte chunks of a line
+  char* a = reinterpret_cast<char*>(ss.a) + size_t(stage) * Traits::kBlockM * Traits::kBlockK * sizeof(typename Traits::Element);
+  char* b = reinterpret_cast<char*>(ss.b) + size_t(stage) * Traits::kBlockN * Traits::kBlockK * sizeof(typename Traits::Element);
+  const int lines = Traits::kBlockK - valid;
+  const int total = (kSlabsA + kSlabsB) * lines * kChunks;
+  for (int i = thread; i < total; i += threads) {
+    const int chunk = i % kChunks, line = valid + (i / kChunks) % lines, slab = i / kChunks / lines;
+    char* base = slab < kSlabsA ? a + Traits::mn_major_line(slab, line) : b + Traits::mn_major_line(slab - kSlabsA, line);
+    *reinterpret_cast<uint4*>(base + 16 * chunk) = make_uint4(0, 0, 0, 0);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 // Tiles whose K is cut into parts run by different CTAs, the parts summed inside the kernel
 // (kHasFixup; fixup_sum below): the last part of a tile to finish adds the others' fp32 partials
@@ -1202,15 +1277,22 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 // the last stage, which the caller releases after warpgroup_wait<0>.
 // kProxyFence (Schedule::kGatherA): the stage's A was written by cp.async (the generic proxy) and
 // wgmma reads it through the async proxy: a proxy fence after the acquire.
+// tail(kb, stage) runs after each stage's acquire, before its wgmmas (K-grouped tiles clear the
+// rows of their last k-block past the group's end there).
+struct NoTail {
+  __device__ void operator()(int, int) const {}
+};
 template <int kStages, bool kProxyFence = false, class Mma, class FragA, class FragB, class Accum, class Full,
-          class Release>
+          class Release, class Tail = NoTail>
 __device__ __forceinline__ int mainloop(Mma& mma, const FragA& tCrA, const FragB& tCrB, Accum& accum, Full* full,
-                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release) {
+                                        int& stage, uint32_t& phase, int kb_begin, int kb_end, Release& release,
+                                        const Tail& tail = Tail{}) {
   mma.accumulate_ = GMMA::ScaleOut::Zero;
   int prev_stage = -1;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     full[stage].wait(phase);
     if constexpr (kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    tail(kb, stage);
     warpgroup_fence_operand(accum);
     warpgroup_arrive();
     CUTE_UNROLL
@@ -1352,6 +1434,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // hits). Every lane of a row computes its address (and waits for its chunk) itself. Warp
         // 0's lane 0 also loads B by TMA. One warp alone issued too slowly (2026-11-30: layer 0 at
         // 1.7x the TMA-fed GEMM on Mixtral).
+        static_assert(!IsKGrouped<Schedule>::value, "K-grouped tiles load A by TMA");
         const int lane = threadIdx.x % 32, gw = threadIdx.x / 32;
         Schedule producer_sched = sched;
         Tensor mB = tma_b.get_tma_tensor(make_shape(p.n, p.k, p.num_groups));
@@ -1430,11 +1513,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if constexpr (HasAltA<Schedule>::value) alt = producer_sched.alt_a(w);
         int64_t a_row = w.row0;
         if constexpr (HasAltA<Schedule>::value) a_row = alt ? w.row0 - producer_sched.alt_a_row0 : w.row0;
+        // K-grouped: A's rows (M) from the group's tile row, both operands' K from the group's
+        // first row; B is batch 0.
+        int k_row0 = 0, b_group = w.group;
+        if constexpr (IsKGrouped<Schedule>::value) {
+          a_row = producer_sched.a_row0(w);
+          k_row0 = int(w.k_row0);
+          b_group = 0;
+        }
         const typename Traits::TmaA& tma_a_tile = alt ? tma_a_alt : tma_a;
-        Tensor gA = local_tile(domain_offset(make_coord(int(a_row), 0), mA), Shape<Int<Traits::kBlockM>, Int<Traits::kBlockK>>{},
-                               make_coord(0, _));
-        Tensor gB = local_tile(mB(_, _, w.group), Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{},
-                               make_coord(w.n_tile, _));
+        Tensor gA = local_tile(domain_offset(make_coord(int(a_row), k_row0), mA),
+                               Shape<Int<Traits::kBlockM>, Int<Traits::kBlockK>>{}, make_coord(0, _));
+        Tensor gB = local_tile(domain_offset(make_coord(0, k_row0), mB(_, _, b_group)),
+                               Shape<Int<Traits::kBlockN>, Int<Traits::kBlockK>>{}, make_coord(w.n_tile, _));
         // The pair's shared operand is cut in kCluster slices, this CTA loading (and multicasting)
         // slice cta_rank; the other is loaded whole.
         auto [tAgA, tAsA] = tma_partition(tma_a, Traits::kPairN ? cta_rank : 0, Layout<Int<Traits::kMulticastA>>{},
@@ -1519,8 +1610,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Once the other warpgroup has waited for every k-block of unit i - 1, each stage of unit i
     // has completed its previous load, so its wait is for the stage's current phase.
     static_assert(!Epilogue::kHasSendWarps && !Epilogue::kHasNotify && !Epilogue::kHasAddends &&
-                      !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value,
-                  "ping-pong consumers are built for plain problems and epilogues");
+                      !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value &&
+                      !IsKGrouped<Schedule>::value,
+                  "ping-pong consumers are built for plain problems and epilogues (whole tiles of all k-blocks)");
     // Whole tiles through TMA; a grouped schedule's tile cut by its group's end (rows past it
     // belong to the next group) from registers, as the cooperative consumers do.
     static_assert(tma_store_ok<Epilogue>::value, "ping-pong stores through TMA");
@@ -1662,8 +1754,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
         }
       };
-      const int prev_stage =
-          mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end, release_k);
+      int prev_stage;
+      if constexpr (IsKGrouped<Schedule>::value) {
+        // The group's last k-block holds k_rows % kBlockK of its rows: clear the rest of the stage
+        // (both consumer warpgroups, then all of them before either reads it). A group without
+        // rows stores zeros.
+        const int valid = w.k_rows % Traits::kBlockK, last = kb_end - 1;
+        auto tail = [&](int kb, int s) {
+          if (kb != last || valid == 0) return;
+          zero_k_tail<Traits>(ss, s, valid, consumer_idx, 128 * Traits::kConsumerWGs);
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * Traits::kConsumerWGs));
+        };
+        if (w.kb_begin >= kb_end) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(accum); ++i) accum(i) = 0.f;
+        }
+        prev_stage = mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end,
+                                                 release_k, tail);
+      } else {
+        prev_stage = mainloop<kStages, kGatherA>(mma, tCrA, tCrB, accum, full, stage, phase, w.kb_begin, kb_end,
+                                                 release_k);
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
@@ -1812,13 +1923,17 @@ inline PlainSchedule plain_schedule(int64_t m, int64_t n, int block_m, int block
 // is what Schedule::alt_a tiles read (HasAltA); null: A again.
 // TMA-store epilogue only: `c_rows` (0 = m) is C's row count as the TMA store clips it, and
 // `c_alt` ([c_alt_rows, n], stride ldc) the second destination of an Epilogue::kTmaAltC.
+// `a_m` (0 = m): A's extent along M where it is not C's (K-grouped problems: one group's m, C
+// holding every group's).
 template <class Traits, class Schedule, class Epilogue>
 void launch_gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
                  int64_t ldc, const Schedule& sched, const Epilogue& epi, int grid_sms, cudaStream_t stream,
                  int groups = 1, int64_t group_stride = 0, const void* a_alt = nullptr, int64_t a_alt_rows = 0,
-                 bool pdl = false, int64_t c_rows = 0, void* c_alt = nullptr, int64_t c_alt_rows = 0) {
+                 bool pdl = false, int64_t c_rows = 0, void* c_alt = nullptr, int64_t c_alt_rows = 0,
+                 int64_t a_m = 0) {
   using E = typename Traits::Element;
-  auto tma_a = make_tma_copy(typename Traits::TmaLoadA{}, Traits::gmem_a(static_cast<const E*>(a), m, k, lda),
+  auto tma_a = make_tma_copy(typename Traits::TmaLoadA{},
+                             Traits::gmem_a(static_cast<const E*>(a), a_m > 0 ? a_m : m, k, lda),
                              typename Traits::SmemLayoutA{}(_, _, 0), Int<Traits::kMulticastA>{});
   auto tma_a_alt = a_alt == nullptr ? tma_a
                                     : make_tma_copy(typename Traits::TmaLoadA{},

@@ -28,6 +28,11 @@ struct TileWork {
   int kb_end = 0x7fffffff;
   int split = 0;
   int64_t fixup_tile = -1;
+  // K-grouped problems (KGroupedSchedule, the MoE weight gradients): the tile's K is rows
+  // [k_row0, k_row0 + k_rows) of A and B (kb_end = its k-blocks; the last one's rows past k_rows
+  // belong to the next group and are zeroed in shared memory). Other schedules leave 0.
+  int64_t k_row0 = 0;
+  int k_rows = 0;
 };
 
 // Row-major in groups of `group_m` row tiles: inside a group, tiles go down the group's rows

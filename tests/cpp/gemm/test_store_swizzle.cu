@@ -202,5 +202,43 @@ TEST(GemmStoreSwizzle, GatheredARowsMatchCute) {
   check_gather_a_addresses<Traits<Fp16, 128, 128, 64, 5, true, 1, true>>();
 }
 
+// K-grouped tiles (Traits::kAMN, B [K, N]): zero_k_tail clears k-rows past a group's end as whole
+// 128-byte lines, Traits::mn_major_line(slab, k) from each stage's start. Every element (mn, k) of
+// each stage of A and of B must lie in the line of its 64-column slab mn / 64 and k-row k, and the
+// lines of one stage must tile it exactly.
+template <class T, class Layout>
+void check_mn_major_lines(int extent, int stages) {
+  using E = typename T::Element;
+  constexpr int kBK = T::kBlockK;
+  std::vector<E> storage(size_t(extent) * kBK * stages + 1024);
+  E* buf = reinterpret_cast<E*>((reinterpret_cast<uintptr_t>(storage.data()) + 1023) / 1024 * 1024);
+  Tensor s = make_tensor(make_smem_ptr(buf), Layout{});
+  const char* base = reinterpret_cast<const char*>(buf);
+  const int stage_bytes = extent * kBK * int(sizeof(E));
+  std::vector<int> hits(size_t(extent) * kBK * stages, 0);
+  for (int st = 0; st < stages; ++st)
+    for (int mn = 0; mn < extent; ++mn)
+      for (int k = 0; k < kBK; ++k) {
+        const auto off = reinterpret_cast<const char*>(&s(mn, k, st)) - base;
+        const int line = T::mn_major_line(mn / 64, k) + st * stage_bytes;
+        ASSERT_GE(off, line) << "stage " << st << " mn " << mn << " k " << k;
+        ASSERT_LT(off, line + 128) << "stage " << st << " mn " << mn << " k " << k;
+        ++hits[size_t(off) / sizeof(E)];
+      }
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "element slot " << i;
+}
+
+TEST(GemmStoreSwizzle, KGroupedOperandLinesMatchCute) {
+  using T = Traits<cutlass::bfloat16_t, 128, 256, 64, 3, false, 1, true, false, false, 0, true>;
+  using Tn = Traits<cutlass::half_t, 128, 128, 64, 5, false, 1, true, false, false, 0, true>;
+  static_assert(T::kMajorA == GMMA::Major::MN && T::kMajorB == GMMA::Major::MN, "A and B MN-major");
+  check_mn_major_lines<T, typename T::SmemLayoutA>(128, 3);
+  check_mn_major_lines<T, typename T::SmemLayoutB>(256, 3);
+  check_mn_major_lines<Tn, typename Tn::SmemLayoutA>(128, 5);
+  check_mn_major_lines<Tn, typename Tn::SmemLayoutB>(128, 5);
+  EXPECT_LE(T::kSmemBytes, size_t(232448));
+  EXPECT_LE(Tn::kSmemBytes, size_t(232448));
+}
+
 }  // namespace
 }  // namespace ccfuse::gemm::sm90

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The MoE experts' weight gradients: ccfuse's K-grouped GEMM (ccfuse_kgrouped_gemm) against
+torch._grouped_mm(a.t(), b, offs) on the cases of tools/moe_grouped.py, in one process, timed
+interleaved (one call of each per round, the same clocks), with one JSON line per case.
+
+    python3 tools/torch_wgrad_bench.py --ccfuse-lib build/libccfuse_c.so --json OUT.jsonl
+                                       [--iters 20] [--only NAME] [--inject-fault]
+
+Each grouped-GEMM case (expert e's rows of x [rows, K] times its weight [N, K]) has the weight
+gradient d W_e [N, K] = d y_e^T x_e: a = d y [rows, N] (m = N), b = x [rows, K] (n = K), the
+contraction over the expert's rows (the up case gives d W1 [2F, H], the down case d W2 [H, F]).
+Rows per expert from the case's routing; inputs uniform in [-1, 1), rotated over enough copies
+that one pass streams > 256 MB of inputs. Correct when both outputs agree (rel_err <= 1e-2 over
+every element, NaN fails) and ccfuse's matches an fp32 reference on the largest, the smallest and
+an empty expert (exactly 0 there); --inject-fault corrupts one element (the check must catch it:
+exit 3). Output bytes (experts x m x n x 2) bound the time from below: reported as GB/s.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import moe_grouped  # noqa: E402
+from torch_grouped_bench import ROTATE_BYTES, rel, timed_interleaved  # noqa: E402
+
+
+def run_case(torch, lib, case, iters, inject_fault):
+    dev = torch.device("cuda", 0)
+    e, m, n = case["experts"], case["n"], case["k"]
+    total = case["tokens"] * case["topk"]
+    rows = moe_grouped.grouped_rows(e, total, case["routing"])
+    counts = torch.tensor(rows, dtype=torch.int32, device=dev)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    set_bytes = 2 * total * (m + n)
+    out_bytes = 2 * e * m * n
+    free, _ = torch.cuda.mem_get_info(dev)
+    sets = max(1, min(-(-ROTATE_BYTES // set_bytes), (free - 3 * out_bytes - (2 << 30)) // set_bytes, 32))
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(7)
+
+    def uniform(*shape):
+        return (torch.rand(*shape, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16)
+
+    ins = [(uniform(total, m), uniform(total, n)) for _ in range(sets)]
+    ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
+    outs = [torch.full((e, m, n), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
+    stream = torch.cuda.current_stream(dev).cuda_stream
+
+    def ours(i, out):
+        a, b = ins[i % sets]
+        lib.kgrouped_gemm(e, total, m, n, a.data_ptr(), b.data_ptr(), out.data_ptr(), counts.data_ptr(),
+                          ws.data_ptr(), stream)
+
+    def theirs(i):
+        a, b = ins[i % sets]
+        return torch._grouped_mm(a.t(), b, offs=offs)
+
+    ours(0, outs[0])
+    ref_t = theirs(0)
+    if inject_fault:
+        outs[0][max(range(e), key=lambda g: rows[g]), 0, 0] += 1000.0
+    got = outs[0]
+    res = dict(rel_err_ccfuse_vs_torch=rel(got, ref_t))
+    a0, b0 = ins[0]
+    starts = [0]
+    for r in rows:
+        starts.append(starts[-1] + r)
+    checked = {"largest": max(range(e), key=lambda g: rows[g])}
+    nonzero = [g for g in range(e) if rows[g] > 0]
+    if nonzero:
+        checked["smallest"] = min(nonzero, key=lambda g: rows[g])
+    empty = [g for g in range(e) if rows[g] == 0]
+    ok = res["rel_err_ccfuse_vs_torch"] <= 1e-2
+    for what, g in checked.items():
+        ref = a0[starts[g]:starts[g + 1]].float().t() @ b0[starts[g]:starts[g + 1]].float()
+        res["rel_err_ccfuse_%s" % what] = rel(got[g], ref)
+        res["rel_err_torch_%s" % what] = rel(ref_t[g], ref)
+        ok = ok and res["rel_err_ccfuse_%s" % what] <= 1e-2
+    if empty:
+        res["empty_expert_zero"] = bool((got[empty[0]] == 0).all().item())
+        ok = ok and res["empty_expert_zero"]
+    res["ccfuse_ok"] = bool(ok)
+    del ref_t
+    t_torch, t_ours = timed_interleaved(torch, [theirs, lambda i: ours(i, outs[i % 2])], iters)
+    flops = 2.0 * total * m * n
+    res.update(t_torch_ms=t_torch, t_ccfuse_ms=t_ours, speedup_vs_torch=t_torch / t_ours,
+               tflops_torch=flops / (t_torch * 1e9), tflops_ccfuse=flops / (t_ours * 1e9),
+               out_gbps_torch=out_bytes / (t_torch * 1e6), out_gbps_ccfuse=out_bytes / (t_ours * 1e6),
+               group_rows=rows, rotated_sets=sets)
+    del ins, outs
+    torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", required=True)
+    p.add_argument("--ccfuse-lib", required=True, help="libccfuse_c.so")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--only", default="", help="cases whose name contains this text (or one of its '|'-separated parts)")
+    p.add_argument("--inject-fault", action="store_true", help="corrupt one element of ccfuse's output")
+    args = p.parse_args()
+    import torch
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    from ccfuse._capi import Ccfuse  # noqa: E402
+    lib = Ccfuse(args.ccfuse_lib)
+    gpu = torch.cuda.get_device_name(0)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    wrong, ratios = [], []
+    with open(args.json, "a") as f:
+        for case in moe_grouped.cases():
+            if args.only and not any(part in case["name"] for part in args.only.split("|")):
+                continue
+            total = case["tokens"] * case["topk"]
+            rec = dict(op="moe_wgrad", source="ccfuse+torch", world_size=1, m=case["n"], n=case["k"], k=total,
+                       dtype="bf16", gpu=gpu, date=date, commit=os.environ.get("CCFUSE_COMMIT", "unknown"),
+                       command=" ".join(sys.argv), torch=torch.__version__, experts=case["experts"],
+                       topk=case["topk"], tokens_per_rank=case["tokens"], routing=case["routing"],
+                       name=case["name"].replace("-up-", "-dW1-").replace("-down-", "-dW2-"),
+                       tokens_per_gpu=case["tokens_per_gpu"])
+            try:
+                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault))
+                ratios.append(rec["speedup_vs_torch"])
+                print("%-22s %-10s torch %8.4f ms (%5.1f TFLOP/s, %5.0f GB/s out)  ccfuse %8.4f ms (%5.1f TFLOP/s, "
+                      "%5.0f GB/s out)  x%.3f  %s" % (
+                          rec["name"], rec["routing"], rec["t_torch_ms"], rec["tflops_torch"], rec["out_gbps_torch"],
+                          rec["t_ccfuse_ms"], rec["tflops_ccfuse"], rec["out_gbps_ccfuse"], rec["speedup_vs_torch"],
+                          "ok" if rec["ccfuse_ok"] else "WRONG"), flush=True)
+                if not rec["ccfuse_ok"]:
+                    wrong.append("%s %s" % (rec["name"], rec["routing"]))
+            except Exception as e:  # noqa: BLE001 - a refused case is recorded, not fatal
+                rec.update(error="%s: %s" % (type(e).__name__, e))
+                wrong.append("%s %s (error)" % (rec["name"], rec["routing"]))
+                print("%-22s %-10s failed: %s" % (rec["name"], rec["routing"], rec["error"]), flush=True)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+    if ratios:
+        geo = 1.0
+        for r in ratios:
+            geo *= r
+        print("geomean speedup of ccfuse's K-grouped GEMM over torch._grouped_mm: x%.3f over %d cases" % (
+            geo ** (1.0 / len(ratios)), len(ratios)), flush=True)
+    if wrong:
+        print("ccfuse's K-grouped GEMM was WRONG on: %s" % ", ".join(wrong), flush=True)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
