@@ -440,7 +440,9 @@ int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n,
     d.n = n;
     d.dtype = gemm_dtype(dtype);
     check_pointers({{a, "a"}, {b, "b"}, {c, "c"}, {group_rows, "group_rows"}, {workspace, "workspace"}});
-    const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, ccfuse::gemm::current_device_sms());
+    // num_sms 0: every SM of the current device (the choice itself asks the device nothing, so
+    // kgrouped_run's checks come before any CUDA call)
+    const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, 0);
     ccfuse::gemm::kgrouped_run(d, cfg, a, b, c, group_rows, workspace, nullptr, stream);
   });
 }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call on one GPU (2026-12-07, later): the K-grouped GEMM (gemm.h kgrouped_run, the MoE
+# weight gradients). (1) its GPU tests against the fp64 reference (KGroupedGemm.*: tails, empty
+# groups, NaN past the rows, cut m and n, dropped rows) and its config rules; (2) the weight-gradient
+# cases against torch._grouped_mm interleaved (tools/torch_wgrad_bench.py: Qwen3-like all, Mixtral-
+# and DeepSeek-like at 4096 tokens), and the same script with --inject-fault on one case (must exit
+# 3); (3) tools/torch_moe_autograd_check.py at W = 1 in modes fused, fused_keep and fused_keep_kw
+# (wgrad="ccfuse"): correctness of d W1, d W2 against fp32 autograd, and the Qwen3-like timing with
+# both weight-gradient paths alone. Logs in one tarball, the table last.
+#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 3)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp/ccfuse-out}
+mkdir -p "$O/logs"
+for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
+source tools/gpu_env.sh
+parts=" ${*:-1 2 3} "
+table=()
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-570} - SECONDS )); }
+if [[ $parts == *" 1 "* ]]; then
+  timeout 150 .carry/bin/ccfuse_gpu_tests --gtest_filter='KGroupedGemm*:GemmValidation.KGroupedRules' \
+    > "$O/logs/kgrouped_tests.log" 2>&1
+  table+=("K-grouped tests: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$O/logs/kgrouped_tests.log" | tr '\n' ' ')")
+  while read -r l; do table+=("  $l"); done < <(grep -E '^\[  FAILED  \]|Failure|error' "$O/logs/kgrouped_tests.log" | head -8 | cut -c1-200)
+fi
+if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 60 ]; then
+  timeout $(( $(left) > 300 ? 240 : $(left) - 40 )) python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
+    --json "$O/logs/wgrad.jsonl" --only "${WGRAD_ONLY:-qwen3|mixtral-up-T4096|mixtral-down-T4096|dsv3-up-T4096|dsv3-down-T4096}" \
+    > "$O/logs/wgrad.log" 2>&1
+  table+=("wgrad bench: rc=$?")
+  while read -r l; do table+=("  $l"); done < <(cut -c1-190 "$O/logs/wgrad.log" | tail -n 24)
+  timeout 60 python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so --json "$O/logs/wgrad_fault.jsonl" \
+    --only qwen3-down-T4096 --inject-fault > "$O/logs/wgrad_fault.log" 2>&1
+  table+=("wgrad bench --inject-fault: rc=$? (3 = caught)")
+fi
+if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 100 ]; then
+  timeout $(( $(left) - 10 )) python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --backward fused,fused_keep,fused_keep_kw \
+    --json "$O/logs/moe_autograd.jsonl" > "$O/logs/moe_autograd.log" 2>&1
+  table+=("MoeFfn autograd W=1: rc=$? $(grep -E '^torch_moe_autograd_check:' "$O/logs/moe_autograd.log")")
+  while read -r l; do table+=("  $l"); done < <(grep -E 'FAIL|timing|Error' "$O/logs/moe_autograd.log" | cut -c1-700 | head -8)
+fi
+{
+  echo "== gpu_session_1207c on $gpu, commit $(tr '\n' ' ' < .carry/commit), ${SECONDS} s"
+  printf '%s\n' "${table[@]}"
+} | tee "$O/summary.txt"
+tar -czf "$O/logs.tar.gz" -C "$O" logs && rm -rf "$O/logs"
