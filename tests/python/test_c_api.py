@@ -90,7 +90,8 @@ class CApi(unittest.TestCase):
         self.expect_error("lib.kgrouped_gemm(0, 64, 64, 64, 1, 1, 1, 1, 1, 0)", "num_groups 0 must be at least 1")
         self.expect_error("lib.kgrouped_gemm(4, 64, 100, 64, 1, 1, 1, 1, 1, 0)",
                           "m 100 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of A [rows, m])")
-        self.expect_error("lib.kgrouped_gemm(4, 0, 64, 64, 1, 1, 1, 1, 1, 0)", "max_rows 0 must be positive")
+        self.expect_error("lib.kgrouped_gemm(4, 0, 64, 64, 1, 1, 1, 1, 1, 0)",
+                          "max_rows 0 must be positive (the bound on the rows of all groups)")
         self.expect_error("lib.kgrouped_gemm(4, 64, 64, 64, 1, 1, 1, 0, 1, 0)", "group_rows must not be null")
         self.expect_error("lib.kgrouped_gemm(4, 64, 64, 64, 1, 1, 1, 1, 0, 0)", "workspace must not be null")
         r = self.run_child("print(lib.grouped_gemm_workspace_bytes(8) >= 8 * 4)\n")
