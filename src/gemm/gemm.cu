@@ -743,7 +743,10 @@ void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const voi
 template <class E>
 void kgrouped_dtype(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                     const int* rows, void* ws, int* overflow, cudaStream_t s) {
-  if (cfg.block_n == 256)
+  if (cfg.pingpong)  // validate: the 128x128x64/6 ring only
+    launch_kgrouped<sm90::Traits<E, 128, 128, 64, kPingpongRingShape.stages, false, 1, true, true, false, 1, true>>(
+        d, cfg, a, b, c, rows, ws, overflow, s);
+  else if (cfg.block_n == 256)
     launch_kgrouped<sm90::Traits<E, 128, 256, 64, 3, false, 1, true, false, false, 0, true>>(d, cfg, a, b, c, rows, ws,
                                                                                             overflow, s);
   else
@@ -770,17 +773,29 @@ void validate(const KGroupedGemmDesc& d, const GemmConfig& cfg) {
                     cfg.block_k == kTmaStoreShape.block_k && cfg.stages == kTmaStoreShape.stages;
   const bool narrow = cfg.block_m == kTmaStoreNarrowShape.block_m && cfg.block_n == kTmaStoreNarrowShape.block_n &&
                       cfg.block_k == kTmaStoreNarrowShape.block_k && cfg.stages == kTmaStoreNarrowShape.stages;
-  CCFUSE_ARG_CHECK(cfg.tma_store && (wide || narrow) && !cfg.pingpong && cfg.cluster_m == 1 && cfg.cluster_n == 1 &&
-                       cfg.split_k == 1 && !cfg.stream_k,
-                   "the K-grouped GEMM is built for the cooperative TMA-store tiles 128x256x64/3 and 128x128x64/5 "
-                   "(no pingpong, clusters, split-K or stream-K), not ",
+  const bool ring = cfg.block_m == kPingpongRingShape.block_m && cfg.block_n == kPingpongRingShape.block_n &&
+                    cfg.block_k == kPingpongRingShape.block_k && cfg.stages == kPingpongRingShape.stages;
+  CCFUSE_ARG_CHECK(cfg.tma_store && (cfg.pingpong ? ring : (wide || narrow)) && cfg.cluster_m == 1 &&
+                       cfg.cluster_n == 1 && cfg.split_k == 1 && !cfg.stream_k,
+                   "the K-grouped GEMM is built for the TMA-store tiles 128x256x64/3 and 128x128x64/5 (cooperative) "
+                   "and 128x128x64/6 (pingpong), without clusters, split-K or stream-K, not ",
                    to_string(cfg), cfg.tma_store ? "" : " without tma_store");
   CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
 }
 
 GemmConfig choose_config(const KGroupedGemmDesc& d, int num_sms) {
   GemmConfig c;
-  const bool wide = d.n > 128;
+  // CCFUSE_KGROUPED_TILE (an A/B switch for the benches, not a setting): 256, 128 or pingpong.
+  const char* forced = std::getenv("CCFUSE_KGROUPED_TILE");
+  const std::string tile = forced != nullptr ? forced : "";
+  if (tile == "pingpong") {
+    c = GemmConfig{kPingpongRingShape.block_m, kPingpongRingShape.block_n, kPingpongRingShape.block_k,
+                   kPingpongRingShape.stages, num_sms};
+    c.tma_store = true;
+    c.pingpong = true;
+    return c;
+  }
+  const bool wide = tile == "256" || (tile != "128" && d.n > 128);
   c.block_m = 128;
   c.block_n = wide ? kTmaStoreShape.block_n : kTmaStoreNarrowShape.block_n;
   c.block_k = 64;

@@ -1470,7 +1470,7 @@ struct KGroupedCase {
   std::string name;
   std::vector<int> rows;  // per group; may be 0
   int64_t m, n;
-  int block_n;            // 256 or 128; 0 = choose_config's
+  int block_n;            // 256 or 128 (cooperative), 6 = the 128x128x64/6 ping-pong ring; 0 = choose_config's
   int64_t extra_capacity;  // max_rows = sum(rows) + this; negative: rows dropped on purpose
   DType dtype = DType::kBFloat16;
   int num_sms = 0;
@@ -1495,6 +1495,10 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   GemmConfig cfg = choose_config(d, kc.num_sms);
   if (kc.block_n == 256) cfg = GemmConfig{128, 256, 64, 3, kc.num_sms};
   if (kc.block_n == 128) cfg = GemmConfig{128, 128, 64, 5, kc.num_sms};
+  if (kc.block_n == 6) {
+    cfg = GemmConfig{128, 128, 64, 6, kc.num_sms};
+    cfg.pingpong = true;
+  }
   cfg.tma_store = true;
   std::random_device rd;
   const uint64_t seed = rd();
@@ -1566,8 +1570,8 @@ std::vector<KGroupedCase> kgrouped_cases() {
   std::vector<KGroupedCase> out;
   // Tails of every length class: none, 1, 63, 64 + 1, a group of one row, empty groups.
   const std::vector<int> mixed = {0, 1, 63, 64, 65, 200, 0, 1000, 128};
-  for (int bn : {256, 128}) {
-    const std::string s = "_bn" + std::to_string(bn);
+  for (int bn : {256, 128, 6}) {
+    const std::string s = bn == 6 ? std::string("_pingpong") : "_bn" + std::to_string(bn);
     out.push_back({"mixed" + s, mixed, 256, 512, bn, 0});
     out.push_back({"mixed_fp16" + s, mixed, 256, 512, bn, 40, DType::kFloat16});
     // m and n cut by the tiles: rows past m from registers, columns past n clipped by TMA.
@@ -1582,6 +1586,8 @@ std::vector<KGroupedCase> kgrouped_cases() {
   std::vector<int> seventy;
   for (int g = 0; g < 70; ++g) seventy.push_back(g % 7 == 3 ? 0 : 37 + (g * 13) % 100);
   out.push_back({"overflow_past_32_groups", seventy, 128, 128, 128, -250});
+  out.push_back({"overflow_past_32_groups_pingpong", seventy, 128, 128, 6, -250});
+  out.push_back({"zipf64_pingpong_3sms", zipf, 256, 384, 6, 0, DType::kBFloat16, 3});
   return out;
 }
 
@@ -1626,13 +1632,17 @@ TEST(GemmValidation, KGroupedRules) {
   invalid(bad, ok, "is not supported by the GEMM engine");
   GemmConfig cfg = ok;
   cfg.pingpong = true;
-  invalid(d, cfg, "built for the cooperative TMA-store tiles");
+  invalid(d, cfg, "is built for the TMA-store tiles");
+  cfg = GemmConfig{128, 128, 64, 6};
+  cfg.tma_store = true;
+  cfg.pingpong = true;
+  EXPECT_NO_THROW(validate(d, cfg));
   cfg = ok;
   cfg.tma_store = false;
   invalid(d, cfg, "without tma_store");
   cfg = GemmConfig{128, 192, 64, 4};
   cfg.tma_store = true;
-  invalid(d, cfg, "built for the cooperative TMA-store tiles");
+  invalid(d, cfg, "is built for the TMA-store tiles");
 }
 
 }  // namespace

@@ -128,9 +128,9 @@ struct Traits {
   // kAMN (K-grouped problems, the MoE weight gradients): A is stored [K, M] (M contiguous, the
   // transpose of a row-major [rows, M] activation), laid out in shared memory as N-major B is
   // (64-row slabs of 64x8 swizzle atoms tiled along K first: each slab of a stage one contiguous
-  // 8 KiB block, k-row k of it the 128-byte line k). Cooperative consumers only (KGroupedSchedule).
+  // 8 KiB block, k-row k of it the 128-byte line k). KGroupedSchedule's problems.
   static constexpr bool kAMN = kAMN_;
-  static_assert(!kAMN || (!kPingpong && kClusterM == 1), "A [K, M] is built for unpaired cooperative consumers");
+  static_assert(!kAMN || kClusterM == 1, "A [K, M] is built for unpaired CTAs");
   using SmemAtomA = conditional_t<kAMN, GMMA::Layout_MN_SW128_Atom<Element>, GMMA::Layout_K_SW128_Atom<Element>>;
   using SmemOrderA = conditional_t<kAMN, Step<_2, _1, _3>, Step<_1, _2, _3>>;
   using SmemLayoutA = decltype(tile_to_shape(SmemAtomA{}, make_shape(Int<kBlockM>{}, Int<kBlockK>{}, Int<kStages>{}),
@@ -1610,9 +1610,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Once the other warpgroup has waited for every k-block of unit i - 1, each stage of unit i
     // has completed its previous load, so its wait is for the stage's current phase.
     static_assert(!Epilogue::kHasSendWarps && !Epilogue::kHasNotify && !Epilogue::kHasAddends &&
-                      !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value &&
-                      !IsKGrouped<Schedule>::value,
-                  "ping-pong consumers are built for plain problems and epilogues (whole tiles of all k-blocks)");
+                      !HasFixup<Schedule>::value && !Schedule::kHasReady && !HasTileTrace<Epilogue>::value,
+                  "ping-pong consumers are built for plain problems and epilogues");
     // Whole tiles through TMA; a grouped schedule's tile cut by its group's end (rows past it
     // belong to the next group) from registers, as the cooperative consumers do.
     static_assert(tma_store_ok<Epilogue>::value, "ping-pong stores through TMA");
@@ -1624,16 +1623,46 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor tCsB = thr.partition_B(sB);
     Tensor tCrA = thr.make_fragment_A(tCsA);
     Tensor tCrB = thr.make_fragment_B(tCsB);
-    int64_t i = 0;
+    // K-grouped tiles (IsKGrouped) have their group's k-blocks, not k_tiles: unit i's first k-block
+    // is then the count of the CTA's earlier units' k-blocks (kb_done, both warpgroups walking
+    // every unit). The phase argument above holds as it is: it needs only that the other warpgroup
+    // has waited for every k-block before unit i's.
+    constexpr bool kKGrouped = IsKGrouped<Schedule>::value;
+    int64_t i = 0, kb_done = 0;
     for (int64_t u = unit_start; u < num_units; u += unit_stride, ++i) {
-      if (int(i % 2) != wg) continue;
-      const TileWork w = work_of(u);
-      const int64_t kb0 = i * k_tiles;
+      int kb_count = k_tiles;
+      TileWork w{};
+      if constexpr (kKGrouped) {
+        w = work_of(u);
+        kb_count = w.kb_end < k_tiles ? w.kb_end : k_tiles;
+        kb_done += kb_count;
+        if (int(i % 2) != wg) continue;
+      } else {
+        if (int(i % 2) != wg) continue;
+        w = work_of(u);
+      }
+      const int64_t kb0 = kKGrouped ? kb_done - kb_count : i * k_tiles;
       int stage = int(kb0 % kStages);
       uint32_t phase = uint32_t((kb0 / kStages) % 2);
       if (i > 0) named_barrier_sync(5 + wg, 256);  // the other warpgroup has issued unit i - 1's mainloop
       Tensor accum = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
-      const int prev_stage = mainloop<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, 0, k_tiles, release);
+      int prev_stage;
+      if constexpr (kKGrouped) {
+        // As the cooperative consumers, with this warpgroup alone reading its stages.
+        const int valid = w.k_rows % Traits::kBlockK, last = kb_count - 1;
+        auto tail = [&](int kb, int s) {
+          if (kb != last || valid == 0) return;
+          zero_k_tail<Traits>(ss, s, valid, t, 128);
+          named_barrier_sync(3 + wg, 128);
+        };
+        if (kb_count == 0) {
+          CUTE_UNROLL
+          for (int j = 0; j < size(accum); ++j) accum(j) = 0.f;
+        }
+        prev_stage = mainloop<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, 0, kb_count, release, tail);
+      } else {
+        prev_stage = mainloop<kStages>(mma, tCrA, tCrB, accum, full, stage, phase, 0, k_tiles, release);
+      }
       // Unit i + 1 (the other warpgroup's) may start its mainloop: this one's is issued.
       if (u + unit_stride < num_units) named_barrier_arrive(5 + (1 - wg), 256);
       warpgroup_wait<0>();
