@@ -6,15 +6,17 @@
 # and DeepSeek-like at 4096 tokens), and the same script with --inject-fault on one case (must exit
 # 3); (3) tools/torch_moe_autograd_check.py at W = 1 in modes fused, fused_keep and fused_keep_kw
 # (wgrad="ccfuse"): correctness of d W1, d W2 against fp32 autograd, and the Qwen3-like timing with
-# both weight-gradient paths alone. Logs in one tarball, the table last.
-#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 3)
+# both weight-gradient paths alone; (4) the other tiles (CCFUSE_KGROUPED_TILE=pingpong, 128) on
+# Qwen3- and DeepSeek-like cases at 4096 tokens, torch in the same rounds. Logs in one tarball,
+# the table last.
+#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 4 3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$O/logs"
 for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
 source tools/gpu_env.sh
-parts=" ${*:-1 2 3} "
+parts=" ${*:-1 2 4 3} "
 table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-570} - SECONDS )); }
@@ -33,6 +35,15 @@ if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 60 ]; then
   timeout 60 python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so --json "$O/logs/wgrad_fault.jsonl" \
     --only qwen3-down-T4096 --inject-fault > "$O/logs/wgrad_fault.log" 2>&1
   table+=("wgrad bench --inject-fault: rc=$? (3 = caught)")
+fi
+if [[ $parts == *" 4 "* ]] && [ "$(left)" -gt 150 ]; then
+  for tile in pingpong 128; do
+    CCFUSE_KGROUPED_TILE=$tile timeout 100 python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
+      --json "$O/logs/wgrad_$tile.jsonl" --only "qwen3-up-T4096|qwen3-down-T4096|dsv3-up-T4096|dsv3-down-T4096" \
+      > "$O/logs/wgrad_$tile.log" 2>&1
+    table+=("wgrad bench, tile $tile: rc=$?")
+    while read -r l; do table+=("  $l"); done < <(cut -c1-190 "$O/logs/wgrad_$tile.log" | tail -n 9)
+  done
 fi
 if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 100 ]; then
   timeout $(( $(left) - 10 )) python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
