@@ -1582,6 +1582,9 @@ std::vector<KGroupedCase> kgrouped_cases() {
   for (int e = 0; e < 64; ++e) zipf.push_back(e % 9 == 4 ? 0 : int(4000 / (e + 1)));
   out.push_back({"zipf64", zipf, 768, 1024, 0, 0});
   out.push_back({"all_empty", {0, 0, 0}, 256, 256, 0, 16});
+  // The last group's tail reads the NaN rows past the kept ones: only the clearing keeps them out.
+  out.push_back({"nan_after_last_tail", {100, 37}, 256, 256, 0, 64});
+  out.push_back({"nan_after_last_tail_pingpong", {100, 37}, 256, 256, 6, 64});
   out.push_back({"overflow_drops_rows", {300, 300, 300}, 256, 256, 256, -200});
   std::vector<int> seventy;
   for (int g = 0; g < 70; ++g) seventy.push_back(g % 7 == 3 ? 0 : 37 + (g * 13) % 100);
