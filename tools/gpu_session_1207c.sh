@@ -21,7 +21,7 @@ table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-570} - SECONDS )); }
 if [[ $parts == *" 1 "* ]]; then
-  timeout 150 .carry/bin/ccfuse_gpu_tests --gtest_filter='KGroupedGemm*:GemmValidation.KGroupedRules' \
+  timeout 150 .carry/bin/ccfuse_gpu_tests --gtest_filter='*KGroupedGemm*:GemmValidation.KGroupedRules' \
     > "$O/logs/kgrouped_tests.log" 2>&1
   table+=("K-grouped tests: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$O/logs/kgrouped_tests.log" | tr '\n' ' ')")
   while read -r l; do table+=("  $l"); done < <(grep -E '^\[  FAILED  \]|Failure|error' "$O/logs/kgrouped_tests.log" | head -8 | cut -c1-200)
