@@ -701,13 +701,23 @@ size_t grouped_workspace_bytes(const GroupedGemmDesc& d) {
   return size_t(d.num_groups + 1) * (sizeof(int64_t) + sizeof(int)) + 16;
 }
 
+namespace {
+// The grouped forms' run-time arguments (after validate(desc, config)); `form` names the
+// workspace-size function, "grouped" or "kgrouped".
+void check_grouped_args(const void* a, const void* b, const void* c, const int* group_rows, const void* workspace,
+                        const char* form) {
+  CCFUSE_ARG_CHECK(group_rows != nullptr, "group_rows must point to num_groups ints in device memory");
+  CCFUSE_ARG_CHECK(workspace != nullptr, "workspace must hold ", form,
+                   "_workspace_bytes(desc) bytes of device memory");
+  for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
+    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+}
+}  // namespace
+
 void grouped_run(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                  const int* group_rows, void* workspace, int* overflow, void* stream) {
   validate(d, cfg);
-  CCFUSE_ARG_CHECK(group_rows != nullptr, "group_rows must point to num_groups ints in device memory");
-  CCFUSE_ARG_CHECK(workspace != nullptr, "workspace must hold grouped_workspace_bytes(desc) bytes of device memory");
-  for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
-    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+  check_grouped_args(a, b, c, group_rows, workspace, "grouped");
   auto s = static_cast<cudaStream_t>(stream);
   if (d.dtype == DType::kBFloat16) grouped_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
   else grouped_dtype<cutlass::half_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
@@ -815,10 +825,7 @@ size_t kgrouped_workspace_bytes(const KGroupedGemmDesc& d) {  // the grouped GEM
 void kgrouped_run(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                   const int* group_rows, void* workspace, int* overflow, void* stream) {
   validate(d, cfg);
-  CCFUSE_ARG_CHECK(group_rows != nullptr, "group_rows must point to num_groups ints in device memory");
-  CCFUSE_ARG_CHECK(workspace != nullptr, "workspace must hold kgrouped_workspace_bytes(desc) bytes of device memory");
-  for (auto [ptr, name] : {std::pair<const void*, const char*>{a, "A"}, {b, "B"}, {c, "C"}})
-    CCFUSE_ARG_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, name, " (", ptr, ") must be 16-byte aligned (TMA)");
+  check_grouped_args(a, b, c, group_rows, workspace, "kgrouped");
   auto s = static_cast<cudaStream_t>(stream);
   if (d.dtype == DType::kBFloat16) kgrouped_dtype<cutlass::bfloat16_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
   else kgrouped_dtype<cutlass::half_t>(d, cfg, a, b, c, group_rows, workspace, overflow, s);
