@@ -7,16 +7,18 @@
 # 3); (3) tools/torch_moe_autograd_check.py at W = 1 in modes fused, fused_keep and fused_keep_kw
 # (wgrad="ccfuse"): correctness of d W1, d W2 against fp32 autograd, and the Qwen3-like timing with
 # both weight-gradient paths alone; (4) the other tiles (CCFUSE_KGROUPED_TILE=pingpong, 128) on
-# Qwen3- and DeepSeek-like cases at 4096 tokens, torch in the same rounds. Logs in one tarball,
-# the table last.
-#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 4 3)
+# Qwen3- and DeepSeek-like cases at 4096 tokens, torch in the same rounds; (5) the fp32
+# accumulating form (main_grad +=, --accumulate) against main_grad.add_(torch._grouped_mm(...)), by
+# red.global.add and by load-add-store (CCFUSE_KGROUPED_ACCUM=rmw); (3) also runs fused_kw_mg
+# (MoeFfn(main_grad=True)). Logs in one tarball, the table last.
+#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 5 4 3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$O/logs"
 for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
 source tools/gpu_env.sh
-parts=" ${*:-1 2 4 3} "
+parts=" ${*:-1 2 5 4 3} "
 table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-570} - SECONDS )); }
@@ -36,6 +38,19 @@ if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 60 ]; then
     --only qwen3-down-T4096 --inject-fault > "$O/logs/wgrad_fault.log" 2>&1
   table+=("wgrad bench --inject-fault: rc=$? (3 = caught)")
 fi
+if [[ $parts == *" 5 "* ]] && [ "$(left)" -gt 150 ]; then
+  for mode in red rmw; do
+    CCFUSE_KGROUPED_ACCUM=$mode timeout 120 python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
+      --accumulate --json "$O/logs/wgrad_accum_$mode.jsonl" \
+      --only "${ACCUM_ONLY:-qwen3-up-T4096|qwen3-down-T4096|mixtral-up-T4096|dsv3-up-T4096|dsv3-down-T4096}" \
+      > "$O/logs/wgrad_accum_$mode.log" 2>&1
+    table+=("wgrad accumulate ($mode): rc=$?")
+    while read -r l; do table+=("  $l"); done < <(cut -c1-230 "$O/logs/wgrad_accum_$mode.log" | tail -n 7)
+  done
+  timeout 60 python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so --accumulate \
+    --json "$O/logs/wgrad_accum_fault.jsonl" --only qwen3-down-T4096 --inject-fault > "$O/logs/wgrad_accum_fault.log" 2>&1
+  table+=("wgrad accumulate --inject-fault: rc=$? (3 = caught)")
+fi
 if [[ $parts == *" 4 "* ]] && [ "$(left)" -gt 150 ]; then
   for tile in pingpong 128; do
     CCFUSE_KGROUPED_TILE=$tile timeout 100 python3 tools/torch_wgrad_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
@@ -47,7 +62,7 @@ if [[ $parts == *" 4 "* ]] && [ "$(left)" -gt 150 ]; then
 fi
 if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 100 ]; then
   timeout $(( $(left) - 10 )) python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_moe_autograd_check.py \
-    --ccfuse-lib .carry/bin/libccfuse_c.so --backward fused,fused_keep,fused_keep_kw \
+    --ccfuse-lib .carry/bin/libccfuse_c.so --backward fused,fused_keep,fused_keep_kw,fused_kw_mg \
     --json "$O/logs/moe_autograd.jsonl" > "$O/logs/moe_autograd.log" 2>&1
   table+=("MoeFfn autograd W=1: rc=$? $(grep -E '^torch_moe_autograd_check:' "$O/logs/moe_autograd.log")")
   while read -r l; do table+=("  $l"); done < <(grep -E 'FAIL|timing|Error' "$O/logs/moe_autograd.log" | cut -c1-700 | head -8)

@@ -12,7 +12,10 @@ Cases: uniform top-2, ragged tokens per rank with dropped slots, every token's f
 expert (the other experts mostly empty), top-8 of 16 experts, a rank with no tokens (W > 1).
 Each case with each --backward mode (unfused: ccfuse.moe_grad; fused: ccfuse's MoeFfnBackward;
 fused_keep: the same with recompute=False, the forward keeping layer 0's pre-activation; a
-suffix _kw: the weight gradients by ccfuse's K-grouped GEMM, wgrad="ccfuse").
+suffix _kw: the weight gradients by ccfuse's K-grouped GEMM, wgrad="ccfuse"; fused_kw_mg: the same
+added into the weights' fp32 main_grad, main_grad=True, Megatron's gradient-accumulation fusion:
+main_grad starts as random values, the gradient checked is what was added, and the weight's
+grad_added_to_main_grad must be set).
 Then the timing (CUDA events, interleaved rounds, medians) on a Qwen3-30B-A3B-like layer (H 2048,
 F 768, 128 experts, top-8, 4096 tokens a rank): the forward alone, forward + backward per mode, the
 fused backward's kernels (d x, d topk_w) and weight gradients (torch._grouped_mm; with a _kw mode
@@ -79,11 +82,26 @@ def torch_layer(x, ids, w, w1, w2):
 
 
 def make_ffn(p1, p2, experts, topk, max_tokens, mode):
-    """torch_ops.MoeFfn for a backward mode: unfused, fused, fused_keep (recompute=False), and the
-    fused ones with _kw (wgrad="ccfuse")."""
+    """torch_ops.MoeFfn for a backward mode: unfused, fused, fused_keep (recompute=False), the
+    fused ones with _kw (wgrad="ccfuse"), and _mg (main_grad=True)."""
     return cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max_tokens,
                      backward="unfused" if mode == "unfused" else "fused", recompute="keep" not in mode,
-                     wgrad="ccfuse" if mode.endswith("_kw") else "torch")
+                     wgrad="ccfuse" if "_kw" in mode else "torch", main_grad=mode.endswith("_mg"))
+
+
+def give_main_grads(mode, params, seed):
+    """_mg modes: each weight gets Megatron's fp32 main_grad (random start values, returned) and
+    grad_added_to_main_grad = False."""
+    if not mode.endswith("_mg"):
+        return None
+    gen = torch.Generator(device=params[0].device)
+    gen.manual_seed(seed)
+    starts = []
+    for p in params:
+        p.main_grad = torch.rand(p.shape, device=p.device, generator=gen) * 2 - 1
+        p.grad_added_to_main_grad = False
+        starts.append(p.main_grad.clone())
+    return starts
 
 
 def time_ms(fns, iters, warmup):
@@ -114,7 +132,8 @@ def main():
     ap.add_argument("--timing-only", action="store_true", help="skip the correctness cases")
     ap.add_argument("--backward", default="unfused,fused,fused_keep,fused_keep_kw",
                     help="MoeFfn backward modes to check (comma-separated: unfused, fused, fused_keep = "
-                         "backward='fused' with recompute=False, and fused[_keep]_kw = with wgrad='ccfuse')")
+                         "backward='fused' with recompute=False, fused[_keep]_kw = with wgrad='ccfuse', "
+                         "fused_kw_mg = that adding into fp32 main_grad)")
     ap.add_argument("--borrow-comm", action="store_true",
                     help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
     args = ap.parse_args()
@@ -140,7 +159,7 @@ def main():
     if world > 1:
         cases.append(("rank0_no_tokens", 8, 2, [0] + [200] * (world - 1), 512, 256, "uniform", 0.0))
     modes = args.backward.split(",")
-    known = ("unfused", "fused", "fused_keep", "fused_kw", "fused_keep_kw")
+    known = ("unfused", "fused", "fused_keep", "fused_kw", "fused_keep_kw", "fused_kw_mg")
     if any(m not in known for m in modes):
         ap.error("--backward %r: each mode must be one of %s" % (args.backward, ", ".join(known)))
     if args.timing_only:
@@ -157,8 +176,15 @@ def main():
         x = xs[rank].clone().requires_grad_()
         wt = ws[rank].clone().requires_grad_()
         ffn = make_ffn(p1, p2, experts, topk, max(max(tokens), 1), mode)
+        mg_start = give_main_grads(mode, (p1, p2), 300 + ci)
         y = ffn(x, ids[rank], wt)
         y.backward(gs[rank])
+        flags_ok = True
+        if mg_start is not None:  # the gradient is what went into main_grad; p.grad is Megatron's dummy
+            flags_ok = p1.grad_added_to_main_grad is True and p2.grad_added_to_main_grad is True
+            dw1_got, dw2_got = p1.main_grad - mg_start[0], p2.main_grad - mg_start[1]
+        else:
+            dw1_got, dw2_got = p1.grad, p2.grad
         if args.inject_fault and ci == 0 and x.grad.shape[0]:
             x.grad[0] *= 1.5
         # the reference: every rank's tokens through all experts, fp32
@@ -170,9 +196,9 @@ def main():
         errs = {"out": rel(y, outs[rank]) if tokens[rank] else 0.0,
                 "dx": rel(x.grad, X[rank].grad) if tokens[rank] else float(x.grad.abs().sum()),
                 "dtopk_w": rel(wt.grad, P[rank].grad) if tokens[rank] else float(wt.grad.abs().sum()),
-                "dw1": rel(p1.grad, W1.grad[mine]), "dw2": rel(p2.grad, W2.grad[mine])}
+                "dw1": rel(dw1_got, W1.grad[mine]), "dw2": rel(dw2_got, W2.grad[mine])}
         dropped_ok = bool((wt.grad[ids[rank] < 0] == 0).all())
-        ok = all(v <= 2e-2 for v in errs.values()) and dropped_ok
+        ok = all(v <= 2e-2 for v in errs.values()) and dropped_ok and flags_ok
         ffn.close()
         failures += 0 if ok else 1
         rec = {**meta, "case": name, "backward": mode, "experts": experts, "topk": topk, "tokens": tokens[rank], "hidden": h, "ffn": f,
@@ -189,6 +215,8 @@ def main():
         p1, p2 = w1[mine].clone().requires_grad_(), w2[mine].clone().requires_grad_()
         x, wt = xs[rank].clone().requires_grad_(), ws[rank].clone().requires_grad_()
         ffns = {mode: make_ffn(p1, p2, experts, topk, t, mode) for mode in modes}
+        for mg in [m for m in modes if m.endswith("_mg")][:1]:  # the weights' main_grad (the modes share p1, p2)
+            give_main_grads(mg, (p1, p2), 1)
 
         def fwd():
             with torch.no_grad():
@@ -207,6 +235,9 @@ def main():
         for kw in [m for m in modes if m.endswith("_kw")][:1]:  # the K-grouped GEMM on its own rows
             fw, xd, p1d = ffns[kw], x.detach(), p1.detach()
             fns["fused_bwd_wgrad_kgrouped"] = lambda: fw._fused_wgrad(xd, p1d)
+        for mg in [m for m in modes if m.endswith("_mg")][:1]:  # the same, adding into the fp32 main_grad
+            fm, xd, p1d = ffns[mg], x.detach(), p1.detach()
+            fns["fused_bwd_wgrad_kgrouped_mg"] = lambda: fm._fused_wgrad(xd, p1d)
         if "fused_keep" in modes:  # the training forward that keeps h, and the kernels that read it
             fk, xd, wd, p1d, p2d = ffns["fused_keep"], x.detach(), wt.detach(), p1.detach(), p2.detach()
             kept = fk._run(xd, ids[rank], wd, keep_h=True)[1]

@@ -14,6 +14,14 @@ that one pass streams > 256 MB of inputs. Correct when both outputs agree (rel_e
 every element, NaN fails) and ccfuse's matches an fp32 reference on the largest, the smallest and
 an empty expert (exactly 0 there); --inject-fault corrupts one element (the check must catch it:
 exit 3). Output bytes (experts x m x n x 2) bound the time from below: reported as GB/s.
+
+--accumulate: the fp32 main_grad form (Megatron's gradient-accumulation fusion): ccfuse adds into
+an fp32 [experts, m, n] buffer (ccfuse_kgrouped_gemm_accumulate) against what Megatron does without
+the fusion, main_grad.add_(torch._grouped_mm(a.t(), b, offs)) (a bf16 gradient, then an fp32 add),
+and, where this torch has it, torch._grouped_mm(..., out_dtype=torch.float32) then the add. The
+buffers start as fresh random values c0; ccfuse's sum (buffer - c0) must match the fp32 reference
+within 1e-3 (fp32 accumulation: ~1e-6; a bf16 rounding would give ~2e-3) and leave an empty
+expert's c0 bit-equal. Bytes: the buffer read and written (experts x m x n x 8).
 """
 import argparse
 import datetime
@@ -27,7 +35,9 @@ import moe_grouped  # noqa: E402
 from torch_grouped_bench import ROTATE_BYTES, rel, timed_interleaved  # noqa: E402
 
 
-def run_case(torch, lib, case, iters, inject_fault):
+def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
+    if accumulate:
+        return run_accumulate_case(torch, lib, case, iters, inject_fault)
     dev = torch.device("cuda", 0)
     e, m, n = case["experts"], case["n"], case["k"]
     total = case["tokens"] * case["topk"]
@@ -95,6 +105,89 @@ def run_case(torch, lib, case, iters, inject_fault):
     return res
 
 
+def run_accumulate_case(torch, lib, case, iters, inject_fault):
+    dev = torch.device("cuda", 0)
+    e, m, n = case["experts"], case["n"], case["k"]
+    total = case["tokens"] * case["topk"]
+    rows = moe_grouped.grouped_rows(e, total, case["routing"])
+    counts = torch.tensor(rows, dtype=torch.int32, device=dev)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    set_bytes = 2 * total * (m + n)
+    acc_bytes = 4 * e * m * n
+    free, _ = torch.cuda.mem_get_info(dev)
+    sets = max(1, min(-(-ROTATE_BYTES // set_bytes), (free - 5 * acc_bytes - (2 << 30)) // set_bytes, 32))
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(11)
+
+    def uniform(*shape, dtype=torch.bfloat16):
+        return (torch.rand(*shape, device=dev, generator=gen) * 2 - 1).to(dtype)
+
+    ins = [(uniform(total, m), uniform(total, n)) for _ in range(sets)]
+    ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
+    c0 = uniform(e, m, n, dtype=torch.float32)
+    acc = [c0.clone() for _ in range(2)]  # ccfuse's main_grad buffers (alternating); acc[0] checked
+    theirs_acc = [c0.clone() for _ in range(2)]
+    stream = torch.cuda.current_stream(dev).cuda_stream
+
+    def ours(i):
+        a, b = ins[i % sets]
+        lib.kgrouped_gemm(e, total, m, n, a.data_ptr(), b.data_ptr(), acc[i % 2].data_ptr(), counts.data_ptr(),
+                          ws.data_ptr(), stream, accumulate=True)
+
+    def theirs(i):  # Megatron without the fusion: the bf16 gradient, then main_grad += it
+        a, b = ins[i % sets]
+        theirs_acc[i % 2].add_(torch._grouped_mm(a.t(), b, offs=offs))
+
+    def theirs_f32(i):  # torch's fp32-output grouped GEMM, then the add
+        a, b = ins[i % sets]
+        theirs_acc[i % 2].add_(torch._grouped_mm(a.t(), b, offs=offs, out_dtype=torch.float32))
+
+    ours(0)
+    if inject_fault:
+        acc[0][max(range(e), key=lambda g: rows[g]), 0, 0] += 1000.0
+    got = acc[0] - c0
+    ref_t = torch._grouped_mm(ins[0][0].t(), ins[0][1], offs=offs)
+    res = dict(rel_err_ccfuse_vs_torch=rel(got, ref_t))
+    a0, b0 = ins[0]
+    starts = [0]
+    for r in rows:
+        starts.append(starts[-1] + r)
+    checked = {"largest": max(range(e), key=lambda g: rows[g])}
+    nonzero = [g for g in range(e) if rows[g] > 0]
+    if nonzero:
+        checked["smallest"] = min(nonzero, key=lambda g: rows[g])
+    empty = [g for g in range(e) if rows[g] == 0]
+    ok = res["rel_err_ccfuse_vs_torch"] <= 1e-2
+    for what, g in checked.items():
+        ref = a0[starts[g]:starts[g + 1]].float().t() @ b0[starts[g]:starts[g + 1]].float()
+        res["rel_err_ccfuse_%s" % what] = rel(got[g], ref)
+        res["rel_err_torch_bf16_%s" % what] = rel(ref_t[g], ref)
+        ok = ok and res["rel_err_ccfuse_%s" % what] <= 1e-3
+    if empty:
+        res["empty_expert_unchanged"] = bool((acc[0][empty[0]] == c0[empty[0]]).all().item())
+        ok = ok and res["empty_expert_unchanged"]
+    res["ccfuse_ok"] = bool(ok)
+    del ref_t, got
+    fns = [theirs, ours]
+    try:
+        theirs_f32(0)
+        fns.append(theirs_f32)
+    except Exception as ex:  # noqa: BLE001 - this torch's grouped GEMM has no fp32 output
+        res["torch_f32_out"] = "unsupported: %s" % (str(ex).splitlines() or [type(ex).__name__])[0][:160]
+    times = timed_interleaved(torch, fns, iters)
+    t_torch, t_ours = times[0], times[1]
+    flops = 2.0 * total * m * n
+    res.update(t_torch_ms=t_torch, t_ccfuse_ms=t_ours, speedup_vs_torch=t_torch / t_ours,
+               tflops_torch=flops / (t_torch * 1e9), tflops_ccfuse=flops / (t_ours * 1e9),
+               out_gbps_torch=2 * acc_bytes / (t_torch * 1e6), out_gbps_ccfuse=2 * acc_bytes / (t_ours * 1e6),
+               group_rows=rows, rotated_sets=sets, accum_mode=os.environ.get("CCFUSE_KGROUPED_ACCUM", "red"))
+    if len(times) > 2:
+        res.update(t_torch_f32_ms=times[2], speedup_vs_torch_f32=times[2] / t_ours)
+    del ins, acc, theirs_acc
+    torch.cuda.empty_cache()
+    return res
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", required=True)
@@ -102,6 +195,8 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--only", default="", help="cases whose name contains this text (or one of its '|'-separated parts)")
     p.add_argument("--inject-fault", action="store_true", help="corrupt one element of ccfuse's output")
+    p.add_argument("--accumulate", action="store_true",
+                   help="the fp32 main_grad form: ccfuse's += against main_grad.add_(torch._grouped_mm(...))")
     args = p.parse_args()
     import torch
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -115,20 +210,22 @@ def main():
             if args.only and not any(part in case["name"] for part in args.only.split("|")):
                 continue
             total = case["tokens"] * case["topk"]
-            rec = dict(op="moe_wgrad", source="ccfuse+torch", world_size=1, m=case["n"], n=case["k"], k=total,
+            rec = dict(op="moe_wgrad_accum_f32" if args.accumulate else "moe_wgrad", source="ccfuse+torch", world_size=1, m=case["n"], n=case["k"], k=total,
                        dtype="bf16", gpu=gpu, date=date, commit=os.environ.get("CCFUSE_COMMIT", "unknown"),
                        command=" ".join(sys.argv), torch=torch.__version__, experts=case["experts"],
                        topk=case["topk"], tokens_per_rank=case["tokens"], routing=case["routing"],
                        name=case["name"].replace("-up-", "-dW1-").replace("-down-", "-dW2-"),
                        tokens_per_gpu=case["tokens_per_gpu"])
             try:
-                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault))
+                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault, args.accumulate))
                 ratios.append(rec["speedup_vs_torch"])
                 print("%-22s %-10s torch %8.4f ms (%5.1f TFLOP/s, %5.0f GB/s out)  ccfuse %8.4f ms (%5.1f TFLOP/s, "
                       "%5.0f GB/s out)  x%.3f  %s" % (
                           rec["name"], rec["routing"], rec["t_torch_ms"], rec["tflops_torch"], rec["out_gbps_torch"],
                           rec["t_ccfuse_ms"], rec["tflops_ccfuse"], rec["out_gbps_ccfuse"], rec["speedup_vs_torch"],
-                          "ok" if rec["ccfuse_ok"] else "WRONG"), flush=True)
+                          "ok" if rec["ccfuse_ok"] else "WRONG")
+                      + ("  (torch fp32-out %.4f ms)" % rec["t_torch_f32_ms"] if "t_torch_f32_ms" in rec else ""),
+                      flush=True)
                 if not rec["ccfuse_ok"]:
                     wrong.append("%s %s" % (rec["name"], rec["routing"]))
             except Exception as e:  # noqa: BLE001 - a refused case is recorded, not fatal

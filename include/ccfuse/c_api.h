@@ -50,6 +50,9 @@
  * group g's rows [off_g, off_g + rows_g) of a [max_rows, m] and b [max_rows, n]; c [G, m, n] (zeros
  * for a group without rows); torch._grouped_mm(a.t(), b, offs=cumsum(rows)) computes the same.
  * m and n multiples of 8; workspace as for ccfuse_grouped_gemm (ccfuse_grouped_gemm_workspace_bytes).
+ *   ccfuse_kgrouped_gemm_accumulate(G, max_rows, m, n, dtype, a, b, c_f32, group_rows, workspace, stream)
+ * The same sums added into c_f32 [G, m, n] fp32 (c[g] += a_g^T @ b_g; a group without rows leaves
+ * its c[g] as it is): Megatron's gradient-accumulation fusion into the fp32 main_grad.
  *
  * The GPU MoE router (ccfuse/moe/router_gpu.h, docs/moe-routing.md; no Team needed): top-k experts
  * per token from the caller's fp32 gate logits, with an optional capacity.
@@ -144,6 +147,9 @@ int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, 
                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);
 int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
                          const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream);
+int ccfuse_kgrouped_gemm_accumulate(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
+                                    const void* b, float* c, const int32_t* group_rows, void* workspace,
+                                    void* stream);
 /* Bytes of device workspace ccfuse_moe_route needs for num_tokens tokens: 0 for dropless configs
  * (capacity_factor 0) and whenever the capacity cannot bind (capacity >= num_tokens); otherwise
  * the radix sort's buffers, sized by querying CUB on the current device. Checks the arguments as

@@ -18,6 +18,7 @@ dependency here; ccfuse.torch_ops wraps it for torch tensors).
     lib.grouped_gemm(num_groups, max_rows, n, k, a, b, c, group_rows, workspace, stream)
     lib.kgrouped_gemm(num_groups, max_rows, m, n, a, b, c, group_rows, workspace, stream)
                                             # c[g] = a_g^T @ b_g (weight gradients), same workspace
+                                            # (accumulate=True: c fp32, c[g] += a_g^T @ b_g)
     ws = lib.route_workspace_bytes(experts, topk, tokens, capacity_factor=1.25)  # MoE router, no Team
     lib.route(experts, topk, logits, tokens, bias, topk_ids, topk_weights, tokens_per_expert, dropped,
               workspace, stream, capacity_factor=1.25)  # score="softmax" | "sigmoid", normalize=True,
@@ -149,6 +150,9 @@ class Ccfuse:
         d.ccfuse_grouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, ctypes.c_int, vp, vp, vp, vp,
                                           vp, vp]
         d.ccfuse_kgrouped_gemm.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, vp, vp, vp, vp, vp, vp]
+        if hasattr(d, "ccfuse_kgrouped_gemm_accumulate"):  # a library older than this package lacks it
+            d.ccfuse_kgrouped_gemm_accumulate.argtypes = [ctypes.c_int, i64, i64, i64, ctypes.c_int, vp, vp, vp, vp,
+                                                          vp, vp]
         ci, cd = ctypes.c_int, ctypes.c_double
         d.ccfuse_moe_route_workspace_bytes.argtypes = [ci, ci, ci, ci, cd, ci, ci, i64, ctypes.POINTER(i64)]
         d.ccfuse_moe_route.argtypes = [ci, ci, ci, ci, cd, ci, ci, vp, i64, vp, vp, vp, vp, vp, vp, vp]
@@ -224,11 +228,17 @@ class Ccfuse:
         self._check(self._dll.ccfuse_grouped_gemm(num_groups, max_rows, n, k, self._dtype(dtype), 1 if b_kn else 0,
                                                   a, b, c, group_rows, workspace, stream))
 
-    def kgrouped_gemm(self, num_groups, max_rows, m, n, a, b, c, group_rows, workspace, stream, dtype="bf16"):
+    def kgrouped_gemm(self, num_groups, max_rows, m, n, a, b, c, group_rows, workspace, stream, dtype="bf16",
+                      accumulate=False):
         """c[g] [m, n] = a_g^T @ b_g, a_g and b_g group g's rows of a [max_rows, m] and b [max_rows, n]
-        (the experts' weight gradients); c [num_groups, m, n]; workspace: grouped_gemm_workspace_bytes."""
-        self._check(self._dll.ccfuse_kgrouped_gemm(num_groups, max_rows, m, n, self._dtype(dtype), a, b, c,
-                                                   group_rows, workspace, stream))
+        (the experts' weight gradients); c [num_groups, m, n]; workspace: grouped_gemm_workspace_bytes.
+        accumulate=True: c is fp32 and gets c[g] += a_g^T @ b_g (an fp32 main_grad; a group without
+        rows leaves its c[g])."""
+        if accumulate and not hasattr(self._dll, "ccfuse_kgrouped_gemm_accumulate"):
+            raise CcfuseError("accumulate=True needs ccfuse_kgrouped_gemm_accumulate, which this libccfuse_c.so "
+                              "(older than the Python package) lacks: rebuild it")
+        run = self._dll.ccfuse_kgrouped_gemm_accumulate if accumulate else self._dll.ccfuse_kgrouped_gemm
+        self._check(run(num_groups, max_rows, m, n, self._dtype(dtype), a, b, c, group_rows, workspace, stream))
 
     SCORES = {"softmax": 0, "sigmoid": 1}
     DROPS = {"position": 0, "probability": 1}

@@ -627,14 +627,28 @@ class MoeFfn:
     wgrad (backward="fused" only): who computes the weight gradients over the rows the backward
     left: "torch" (torch._grouped_mm) or "ccfuse" (the engine's K-grouped GEMM, gemm.h's
     kgrouped_run: no host sync, zeros for experts without rows).
+    main_grad (backward="fused", eager mode): Megatron's gradient-accumulation fusion. The backward
+    adds d w1 and d w2 into w1.main_grad and w2.main_grad (fp32 tensors shaped like the weights,
+    which the caller allocates and zeroes, e.g. Megatron's DDP buffers) instead of returning them:
+    with wgrad="ccfuse" the K-grouped GEMM adds its fp32 accumulators there directly (no bf16
+    rounding, no separate add); with wgrad="torch" torch._grouped_mm's bf16 result is added (what
+    Megatron does without the fusion). The gradients autograd sees for w1 and w2 are then, as in
+    Megatron: a dummy tensor (empty, or zeros if the weight's zero_out_wgrad is set) with the
+    weight's grad_added_to_main_grad set to True when the weight has that attribute, else None.
     """
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True,
-                 wgrad="torch"):
+                 wgrad="torch", main_grad=False):
         lib = _need_lib()
         if wgrad not in ("torch", "ccfuse"):
             raise ValueError("wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got %r"
                              % (wgrad,))
+        if not isinstance(main_grad, bool):
+            raise ValueError("main_grad must be True (add the weight gradients into w.main_grad) or False, got %r"
+                             % (main_grad,))
+        if main_grad and backward != "fused":
+            raise ValueError("main_grad=True is built for backward='fused'; backward=%r returns the weight "
+                             "gradients" % (backward,))
         if backward not in ("unfused", "fused"):
             raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
                              "got %r" % (backward,))
@@ -660,7 +674,7 @@ class MoeFfn:
         self.w2 = w2
         self.hidden, self.topk, self.max_tokens, self.num_experts = h, topk, max_tokens, num_experts
         self.ffn, self.imbalance, self.backward, self.recompute = f, imbalance, backward, recompute
-        self.wgrad = wgrad
+        self.wgrad, self.main_grad = wgrad, main_grad
         self._wgrad_ws = None  # the K-grouped GEMM's workspace (wgrad="ccfuse"), made at first use
         self._max_rows = None  # of the forward's layer (rows of the kept h), asked at first use
         self._bwd = None  # the fused backward's handle, made at its first use (collective: every rank's
@@ -730,6 +744,13 @@ class MoeFfn:
                                  "FFN out of the compiled region, or call it under torch.no_grad()")
             _no_out_with_grad(out)
             self._checked(x, topk_ids, topk_w)
+            if self.main_grad:
+                if _compiling():
+                    raise ValueError("MoeFfn(main_grad=True) runs in eager mode only (its backward writes "
+                                     "w.main_grad, outside the compiled graph): keep the MoE FFN out of the compiled "
+                                     "region or use main_grad=False")
+                for name, w in (("w1", self._w1_src), ("w2", self.w2)):
+                    _check_main_grad(name, w)
             return _MoeFfnFn.apply(x, topk_w, self._w1_src, self.w2, topk_ids, self._key)
         if not _compiling():
             return self._run(x, topk_ids, topk_w, out)
@@ -784,25 +805,41 @@ class MoeFfn:
 
     def _fused_wgrad(self, x, w1):
         """d w1, d w2 over the rows the last MoeFfnBackward run left: by torch._grouped_mm, or by
-        ccfuse's K-grouped GEMM (wgrad="ccfuse")."""
+        ccfuse's K-grouped GEMM (wgrad="ccfuse"). main_grad=True: added into w1.main_grad and
+        w2.main_grad instead, and what autograd gets for the weights returned (_main_grad_result)."""
         xr, dh, gr, pa, rows, max_rows = self._bwd.operands()
         e_local, h, f = w1.shape[0], self.hidden, self.ffn
+        w2 = self.w2
+        if self.main_grad:  # checked at the forward; the caller may have replaced them since
+            for name, w in (("w1", self._w1_src), ("w2", w2)):
+                _check_main_grad(name, w)
         if self.wgrad == "ccfuse":
             lib = _need_lib()
             if self._wgrad_ws is None:
                 self._wgrad_ws = torch.empty((lib.grouped_gemm_workspace_bytes(e_local),), dtype=torch.uint8,
                                              device=x.device)
             stream = torch.cuda.current_stream(x.device).cuda_stream
-            dw1 = torch.empty((e_local, 2 * f, h), dtype=x.dtype, device=x.device)
-            dw2 = torch.empty((e_local, h, f), dtype=x.dtype, device=x.device)
+            if self.main_grad:
+                dw1, dw2 = self._w1_src.main_grad, w2.main_grad
+            else:
+                dw1 = torch.empty((e_local, 2 * f, h), dtype=x.dtype, device=x.device)
+                dw2 = torch.empty((e_local, h, f), dtype=x.dtype, device=x.device)
             ws = self._wgrad_ws.data_ptr()
-            lib.kgrouped_gemm(e_local, max_rows, 2 * f, h, dh, xr, dw1.data_ptr(), rows, ws, stream)
-            lib.kgrouped_gemm(e_local, max_rows, h, f, gr, pa, dw2.data_ptr(), rows, ws, stream)
-            return dw1, dw2
-        counts = torch.as_tensor(_CudaArray(rows, (e_local,), "<i4"), device=x.device)
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        dw1 = torch._grouped_mm(_device_view(dh, (max_rows, 2 * f), x).t(), _device_view(xr, (max_rows, h), x), offs=offs)
-        dw2 = torch._grouped_mm(_device_view(gr, (max_rows, h), x).t(), _device_view(pa, (max_rows, f), x), offs=offs)
+            acc = self.main_grad
+            lib.kgrouped_gemm(e_local, max_rows, 2 * f, h, dh, xr, dw1.data_ptr(), rows, ws, stream, accumulate=acc)
+            lib.kgrouped_gemm(e_local, max_rows, h, f, gr, pa, dw2.data_ptr(), rows, ws, stream, accumulate=acc)
+        else:
+            counts = torch.as_tensor(_CudaArray(rows, (e_local,), "<i4"), device=x.device)
+            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+            dw1 = torch._grouped_mm(_device_view(dh, (max_rows, 2 * f), x).t(), _device_view(xr, (max_rows, h), x),
+                                    offs=offs)
+            dw2 = torch._grouped_mm(_device_view(gr, (max_rows, h), x).t(), _device_view(pa, (max_rows, f), x),
+                                    offs=offs)
+            if self.main_grad:
+                self._w1_src.main_grad.add_(dw1)
+                w2.main_grad.add_(dw2)
+        if self.main_grad:
+            return _main_grad_result(self._w1_src), _main_grad_result(w2)
         return dw1, dw2
 
     def close(self):
@@ -813,6 +850,30 @@ class MoeFfn:
         if self._bwd is not None:
             self._bwd.close()
             self._bwd = None
+
+
+def _check_main_grad(name, w):
+    """MoeFfn(main_grad=True): w.main_grad must be an fp32 tensor shaped like w on its device."""
+    mg = getattr(w, "main_grad", None)
+    if mg is None:
+        raise ValueError("%s has no main_grad: MoeFfn(main_grad=True) adds the weight gradients into an fp32 "
+                         "w.main_grad shaped like the weight (Megatron's DDP allocates it)" % name)
+    if mg.dtype != torch.float32 or tuple(mg.shape) != tuple(w.shape) or mg.device != w.device:
+        raise ValueError("%s.main_grad must be float32 %s on %s like %s, got %s %s on %s" % (
+            name, tuple(w.shape), w.device, name, mg.dtype, tuple(mg.shape), mg.device))
+    if not mg.is_contiguous() or mg.data_ptr() % 16:
+        raise ValueError("%s.main_grad must be contiguous and 16-byte aligned" % name)
+
+
+def _main_grad_result(w):
+    """What autograd gets for a weight whose gradient went into w.main_grad (Megatron's convention):
+    with w.grad_added_to_main_grad present, a dummy (zeros if w.zero_out_wgrad, else empty) so that
+    the weight's gradient hooks still run, and the flag set; else None."""
+    if not hasattr(w, "grad_added_to_main_grad"):
+        return None
+    w.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(w, "zero_out_wgrad", False) else torch.empty
+    return make(tuple(w.shape), dtype=w.dtype, device=w.device)
 
 
 class _MoeFfnFn(torch.autograd.Function):

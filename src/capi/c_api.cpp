@@ -430,8 +430,10 @@ int ccfuse_grouped_gemm(int num_groups, int64_t max_rows, int64_t n, int64_t k, 
   });
 }
 
-int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
-                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream) {
+namespace {
+// ccfuse_kgrouped_gemm and its accumulating form (c fp32 +=).
+int kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a, const void* b,
+                  void* c, const int32_t* group_rows, void* workspace, void* stream, bool accumulate) {
   return guarded([&] {
     ccfuse::gemm::KGroupedGemmDesc d;
     d.num_groups = num_groups;
@@ -439,12 +441,25 @@ int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n,
     d.m = m;
     d.n = n;
     d.dtype = gemm_dtype(dtype);
+    d.accumulate = accumulate;
     check_pointers({{a, "a"}, {b, "b"}, {c, "c"}, {group_rows, "group_rows"}, {workspace, "workspace"}});
     // num_sms 0: every SM of the current device (the choice itself asks the device nothing, so
     // kgrouped_run's checks come before any CUDA call)
     const ccfuse::gemm::GemmConfig cfg = ccfuse::gemm::choose_config(d, 0);
     ccfuse::gemm::kgrouped_run(d, cfg, a, b, c, group_rows, workspace, nullptr, stream);
   });
+}
+}  // namespace
+
+int ccfuse_kgrouped_gemm(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
+                         const void* b, void* c, const int32_t* group_rows, void* workspace, void* stream) {
+  return kgrouped_gemm(num_groups, max_rows, m, n, dtype, a, b, c, group_rows, workspace, stream, false);
+}
+
+int ccfuse_kgrouped_gemm_accumulate(int num_groups, int64_t max_rows, int64_t m, int64_t n, int dtype, const void* a,
+                                    const void* b, float* c, const int32_t* group_rows, void* workspace,
+                                    void* stream) {
+  return kgrouped_gemm(num_groups, max_rows, m, n, dtype, a, b, c, group_rows, workspace, stream, true);
 }
 
 int ccfuse_moe_route_workspace_bytes(int num_experts, int topk, int score, int normalize, double capacity_factor,

@@ -745,15 +745,35 @@ void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const voi
                                               overflow);
   CCFUSE_CUDA_CHECK_LAUNCH();
   const int sms = cfg.num_sms > 0 ? cfg.num_sms : current_device_sms();
-  sm90::launch_gemm<Traits>(int64_t(d.num_groups) * d.m, d.n, d.max_rows, a, d.m, b, d.n, c, d.n, sched,
-                            sm90::PlainEpilogue{}, sms, stream, 1, d.n * d.max_rows, nullptr, 0, false, 0, nullptr, 0,
-                            d.m);
+  auto launch = [&](const auto& epi) {
+    sm90::launch_gemm<Traits>(int64_t(d.num_groups) * d.m, d.n, d.max_rows, a, d.m, b, d.n, c, d.n, sched, epi, sms,
+                              stream, 1, d.n * d.max_rows, nullptr, 0, false, 0, nullptr, 0, d.m);
+  };
+  if constexpr (Traits::kTmaStore) {
+    launch(sm90::PlainEpilogue{});
+  } else {  // accumulate (validate): C += into fp32
+    sm90::AccumF32Epilogue epi;
+    epi.c32 = static_cast<float*>(c);
+    epi.ld32 = d.n;
+    // CCFUSE_KGROUPED_ACCUM (an A/B switch for the benches, not a setting): rmw, else red.
+    const char* mode = std::getenv("CCFUSE_KGROUPED_ACCUM");
+    epi.rmw = mode != nullptr && std::string(mode) == "rmw";
+    epi.skip_no_k = true;
+    launch(epi);
+  }
 }
 
 template <class E>
 void kgrouped_dtype(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                     const int* rows, void* ws, int* overflow, cudaStream_t s) {
-  if (cfg.pingpong)  // validate: the 128x128x64/6 ring only
+  if (d.accumulate) {  // validate: the register tiles 128x256x64/4 and 128x128x64/6
+    if (cfg.block_n == 256)
+      launch_kgrouped<sm90::Traits<E, 128, 256, 64, 4, false, 1, false, false, false, 0, true>>(d, cfg, a, b, c, rows,
+                                                                                               ws, overflow, s);
+    else
+      launch_kgrouped<sm90::Traits<E, 128, 128, 64, 6, false, 1, false, false, false, 0, true>>(d, cfg, a, b, c, rows,
+                                                                                               ws, overflow, s);
+  } else if (cfg.pingpong)  // validate: the 128x128x64/6 ring only
     launch_kgrouped<sm90::Traits<E, 128, 128, 64, kPingpongRingShape.stages, false, 1, true, true, false, 1, true>>(
         d, cfg, a, b, c, rows, ws, overflow, s);
   else if (cfg.block_n == 256)
@@ -779,17 +799,24 @@ void validate(const KGroupedGemmDesc& d, const GemmConfig& cfg) {
                    " (TMA needs 16-byte aligned rows of A [rows, m])");
   CCFUSE_ARG_CHECK(d.n % align == 0, "n ", d.n, " must be a multiple of ", align, " for ", dtype_name(d.dtype),
                    " (TMA needs 16-byte aligned rows of B [rows, n] and C)");
-  const bool wide = cfg.block_m == kTmaStoreShape.block_m && cfg.block_n == kTmaStoreShape.block_n &&
-                    cfg.block_k == kTmaStoreShape.block_k && cfg.stages == kTmaStoreShape.stages;
-  const bool narrow = cfg.block_m == kTmaStoreNarrowShape.block_m && cfg.block_n == kTmaStoreNarrowShape.block_n &&
-                      cfg.block_k == kTmaStoreNarrowShape.block_k && cfg.stages == kTmaStoreNarrowShape.stages;
-  const bool ring = cfg.block_m == kPingpongRingShape.block_m && cfg.block_n == kPingpongRingShape.block_n &&
-                    cfg.block_k == kPingpongRingShape.block_k && cfg.stages == kPingpongRingShape.stages;
-  CCFUSE_ARG_CHECK(cfg.tma_store && (cfg.pingpong ? ring : (wide || narrow)) && cfg.cluster_m == 1 &&
-                       cfg.cluster_n == 1 && cfg.split_k == 1 && !cfg.stream_k,
-                   "the K-grouped GEMM is built for the TMA-store tiles 128x256x64/3 and 128x128x64/5 (cooperative) "
-                   "and 128x128x64/6 (pingpong), without clusters, split-K or stream-K, not ",
-                   to_string(cfg), cfg.tma_store ? "" : " without tma_store");
+  auto is = [&](const TileShape& t) {
+    return cfg.block_m == t.block_m && cfg.block_n == t.block_n && cfg.block_k == t.block_k && cfg.stages == t.stages;
+  };
+  const bool whole = cfg.cluster_m == 1 && cfg.cluster_n == 1 && cfg.split_k == 1 && !cfg.stream_k;
+  if (d.accumulate) {
+    CCFUSE_ARG_CHECK(!cfg.tma_store && !cfg.pingpong && (is(kTileShapes[0]) || is(kTileShapes[1])) && whole,
+                     "the accumulating K-grouped GEMM (C fp32 +=) is built for the register-epilogue tiles "
+                     "128x256x64/4 and 128x128x64/6 (cooperative, without tma_store), without clusters, split-K or "
+                     "stream-K, not ",
+                     to_string(cfg), cfg.tma_store ? " with tma_store" : "");
+  } else {
+    CCFUSE_ARG_CHECK(cfg.tma_store &&
+                         (cfg.pingpong ? is(kPingpongRingShape) : (is(kTmaStoreShape) || is(kTmaStoreNarrowShape))) &&
+                         whole,
+                     "the K-grouped GEMM is built for the TMA-store tiles 128x256x64/3 and 128x128x64/5 (cooperative) "
+                     "and 128x128x64/6 (pingpong), without clusters, split-K or stream-K, not ",
+                     to_string(cfg), cfg.tma_store ? "" : " without tma_store");
+  }
   CCFUSE_ARG_CHECK(cfg.num_sms >= 0, "num_sms ", cfg.num_sms, " must not be negative");
 }
 
@@ -798,7 +825,7 @@ GemmConfig choose_config(const KGroupedGemmDesc& d, int num_sms) {
   // CCFUSE_KGROUPED_TILE (an A/B switch for the benches, not a setting): 256, 128 or pingpong.
   const char* forced = std::getenv("CCFUSE_KGROUPED_TILE");
   const std::string tile = forced != nullptr ? forced : "";
-  if (tile == "pingpong") {
+  if (tile == "pingpong" && !d.accumulate) {
     c = GemmConfig{kPingpongRingShape.block_m, kPingpongRingShape.block_n, kPingpongRingShape.block_k,
                    kPingpongRingShape.stages, num_sms};
     c.tma_store = true;
@@ -806,6 +833,12 @@ GemmConfig choose_config(const KGroupedGemmDesc& d, int num_sms) {
     return c;
   }
   const bool wide = tile == "256" || (tile != "128" && d.n > 128);
+  if (d.accumulate) {  // the register-epilogue tiles (no ping-pong form)
+    const TileShape& t = kTileShapes[wide ? 0 : 1];
+    c = GemmConfig{t.block_m, t.block_n, t.block_k, t.stages, num_sms};
+    c.group_m = 8;
+    return c;
+  }
   c.block_m = 128;
   c.block_n = wide ? kTmaStoreShape.block_n : kTmaStoreNarrowShape.block_n;
   c.block_k = 64;

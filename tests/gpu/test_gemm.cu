@@ -2,8 +2,10 @@
 // bf16/fp16, edge shapes, SM budgets, tile orders, the ready predicate, and bad input.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -1474,13 +1476,18 @@ struct KGroupedCase {
   int64_t extra_capacity;  // max_rows = sum(rows) + this; negative: rows dropped on purpose
   DType dtype = DType::kBFloat16;
   int num_sms = 0;
+  // 0: C = A^T B (bf16/fp16); 1: C (fp32) += A^T B by red.global.add; 2: the same by load-add-store
+  // (CCFUSE_KGROUPED_ACCUM=rmw). block_n 256 / 128 then name the register tiles /4 and /6.
+  int accumulate = 0;
 };
 void PrintTo(const KGroupedCase& c, std::ostream* os) { *os << c.name; }
 class KGroupedGemm : public ::testing::TestWithParam<KGroupedCase> {};
 
 // Every group's C against its fp64 sum; A and B rows past the kept ones are NaN (a tail k-block
 // that read them unzeroed would poison its group), C starts as NaN (every element must be
-// written: a group without rows gets zeros).
+// written: a group without rows gets zeros). Accumulating: C (fp32) starts as fresh random values
+// c0 and must end as c0 + the sum within fp32's accuracy (a bf16 rounding on the way would miss it
+// 10x), a group without rows bit-equal to c0, and the NaN guard after C untouched.
 TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   CCFUSE_REQUIRE_GPUS(1);
   const KGroupedCase kc = GetParam();
@@ -1492,14 +1499,24 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   d.m = kc.m;
   d.n = kc.n;
   d.dtype = kc.dtype;
+  d.accumulate = kc.accumulate != 0;
   GemmConfig cfg = choose_config(d, kc.num_sms);
-  if (kc.block_n == 256) cfg = GemmConfig{128, 256, 64, 3, kc.num_sms};
-  if (kc.block_n == 128) cfg = GemmConfig{128, 128, 64, 5, kc.num_sms};
-  if (kc.block_n == 6) {
-    cfg = GemmConfig{128, 128, 64, 6, kc.num_sms};
-    cfg.pingpong = true;
+  if (d.accumulate) {
+    if (kc.block_n == 256) cfg = GemmConfig{128, 256, 64, 4, kc.num_sms};
+    if (kc.block_n == 128) cfg = GemmConfig{128, 128, 64, 6, kc.num_sms};
+    ASSERT_FALSE(cfg.tma_store);
+  } else {
+    if (kc.block_n == 256) cfg = GemmConfig{128, 256, 64, 3, kc.num_sms};
+    if (kc.block_n == 128) cfg = GemmConfig{128, 128, 64, 5, kc.num_sms};
+    if (kc.block_n == 6) {
+      cfg = GemmConfig{128, 128, 64, 6, kc.num_sms};
+      cfg.pingpong = true;
+    }
+    cfg.tma_store = true;
   }
-  cfg.tma_store = true;
+  const char* accum_env = "CCFUSE_KGROUPED_ACCUM";
+  if (kc.accumulate == 2) setenv(accum_env, "rmw", 1);
+  else unsetenv(accum_env);
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -1513,13 +1530,14 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   std::fill(ha.begin() + kept * d.m, ha.end(), uint16_t(0xffff));
   std::fill(hb.begin() + kept * d.n, hb.end(), uint16_t(0xffff));
   const size_t nc = size_t(d.num_groups) * d.m * d.n;
+  const size_t c_size = d.accumulate ? 4 : 2, guard = 1024;  // guard: fp32 NaNs after C (accumulate)
   void *a = nullptr, *b = nullptr, *c = nullptr, *ws = nullptr;
   double* ref = nullptr;
   int64_t* offs_dev = nullptr;
   int *rows_dev = nullptr, *overflow = nullptr;
   CCFUSE_CUDA_CHECK(cudaMalloc(&a, ha.size() * 2));
   CCFUSE_CUDA_CHECK(cudaMalloc(&b, hb.size() * 2));
-  CCFUSE_CUDA_CHECK(cudaMalloc(&c, nc * 2));
+  CCFUSE_CUDA_CHECK(cudaMalloc(&c, nc * c_size + guard * 4));
   CCFUSE_CUDA_CHECK(cudaMalloc(&ref, nc * sizeof(double)));
   CCFUSE_CUDA_CHECK(cudaMalloc(&offs_dev, offs.size() * sizeof(int64_t)));
   CCFUSE_CUDA_CHECK(cudaMalloc(&rows_dev, kc.rows.size() * sizeof(int)));
@@ -1527,11 +1545,22 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   CCFUSE_CUDA_CHECK(cudaMalloc(&ws, kgrouped_workspace_bytes(d)));
   CCFUSE_CUDA_CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
   CCFUSE_CUDA_CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-  CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, nc * 2));
+  std::vector<float> c0;
+  if (d.accumulate) {
+    std::mt19937_64 gen(seed ^ 0x5eed);
+    std::uniform_real_distribution<float> dist(-4.f, 4.f);
+    c0.resize(nc);
+    for (float& v : c0) v = dist(gen);
+    c0.resize(nc + guard, std::numeric_limits<float>::quiet_NaN());
+    CCFUSE_CUDA_CHECK(cudaMemcpy(c, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice));
+  } else {
+    CCFUSE_CUDA_CHECK(cudaMemset(c, 0xff, nc * 2));
+  }
   CCFUSE_CUDA_CHECK(cudaMemset(overflow, 0xff, sizeof(int)));
   CCFUSE_CUDA_CHECK(cudaMemcpy(offs_dev, offs.data(), offs.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
   CCFUSE_CUDA_CHECK(cudaMemcpy(rows_dev, kc.rows.data(), kc.rows.size() * sizeof(int), cudaMemcpyHostToDevice));
   kgrouped_run(d, cfg, a, b, c, rows_dev, ws, overflow, nullptr);
+  unsetenv(accum_env);
   const dim3 block(16, 16), grid(unsigned((d.n + 15) / 16), unsigned((d.m + 15) / 16), unsigned(d.num_groups));
   if (d.dtype == DType::kBFloat16)
     reference_kgrouped<<<grid, block>>>(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
@@ -1544,23 +1573,32 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   int dropped = -1;
   CCFUSE_CUDA_CHECK(cudaMemcpy(&dropped, overflow, sizeof(int), cudaMemcpyDeviceToHost));
   EXPECT_EQ(dropped, int(total - kept));
-  std::vector<uint16_t> hc(nc);
+  std::vector<uint16_t> hc(d.accumulate ? 0 : nc);
+  std::vector<float> hc32(d.accumulate ? nc + guard : 0);
   std::vector<double> hr(nc);
-  CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), c, nc * 2, cudaMemcpyDeviceToHost));
+  if (d.accumulate) CCFUSE_CUDA_CHECK(cudaMemcpy(hc32.data(), c, hc32.size() * 4, cudaMemcpyDeviceToHost));
+  else CCFUSE_CUDA_CHECK(cudaMemcpy(hc.data(), c, nc * 2, cudaMemcpyDeviceToHost));
   CCFUSE_CUDA_CHECK(cudaMemcpy(hr.data(), ref, nc * sizeof(double), cudaMemcpyDeviceToHost));
   const size_t per = size_t(d.m * d.n);
   for (int g = 0; g < d.num_groups; ++g) {
+    const bool empty = offs[size_t(g) + 1] == offs[size_t(g)];
     double num = 0, den = 0;
     for (size_t i = size_t(g) * per; i < size_t(g + 1) * per; ++i) {
-      const double v = ccfuse::testing::value_of_16(d.dtype, hc[i]);
+      // accumulate: what the kernel added (c0 subtracted in fp64: exact for these magnitudes' sum)
+      const double v = d.accumulate ? double(hc32[i]) - double(c0[i]) : ccfuse::testing::value_of_16(d.dtype, hc[i]);
       ASSERT_TRUE(std::isfinite(v)) << "group " << g << " element " << i - size_t(g) * per << " (rows "
                                     << offs[size_t(g) + 1] - offs[size_t(g)] << ") not finite";
-      if (offs[size_t(g) + 1] == offs[size_t(g)]) ASSERT_EQ(v, 0.0) << "group " << g << " has no rows";
+      if (empty && d.accumulate) ASSERT_EQ(hc32[i], c0[i]) << "group " << g << " has no rows: C must stay as it was";
+      else if (empty) ASSERT_EQ(v, 0.0) << "group " << g << " has no rows";
       num += (v - hr[i]) * (v - hr[i]);
       den += hr[i] * hr[i];
     }
-    if (den > 0) EXPECT_LE(std::sqrt(num / den), 1e-2) << "group " << g;
+    // fp32 accumulation: ~sqrt(rows) x 2^-24 relative, plus c0's rounding (|c0| <= 4 vs the sum's
+    // ~sqrt(rows) / 3): 1e-3 holds it; a bf16 rounding of the sum (2^-9) does not.
+    if (den > 0) EXPECT_LE(std::sqrt(num / den), d.accumulate ? 1e-3 : 1e-2) << "group " << g;
   }
+  for (size_t i = nc; i < hc32.size(); ++i)
+    ASSERT_TRUE(std::isnan(hc32[i])) << "the kernel wrote " << i - nc << " elements past C";
   for (void* p : {a, b, c, ws, static_cast<void*>(ref), static_cast<void*>(offs_dev), static_cast<void*>(rows_dev),
                   static_cast<void*>(overflow)})
     cudaFree(p);
@@ -1591,6 +1629,17 @@ std::vector<KGroupedCase> kgrouped_cases() {
   out.push_back({"overflow_past_32_groups", seventy, 128, 128, 128, -250});
   out.push_back({"overflow_past_32_groups_pingpong", seventy, 128, 128, 6, -250});
   out.push_back({"zipf64_pingpong_3sms", zipf, 256, 384, 6, 0, DType::kBFloat16, 3});
+  // C (fp32) += A^T B: both register tiles, fp16, cut m and n, the NaN tail, dropped rows, the
+  // load-add-store form.
+  for (int bn : {256, 128}) {
+    const std::string s = "_bn" + std::to_string(bn);
+    out.push_back({"accum_mixed" + s, mixed, 256, 512, bn, 0, DType::kBFloat16, 0, 1});
+    out.push_back({"accum_cut_m_n" + s, mixed, 200, 264, bn, 8, DType::kBFloat16, 0, 1});
+    out.push_back({"accum_rmw_mixed" + s, mixed, 256, 512, bn, 0, DType::kBFloat16, 0, 2});
+  }
+  out.push_back({"accum_fp16_zipf64", zipf, 768, 1024, 0, 40, DType::kFloat16, 0, 1});
+  out.push_back({"accum_nan_after_last_tail", {100, 37}, 256, 256, 0, 64, DType::kBFloat16, 0, 1});
+  out.push_back({"accum_overflow_past_32_groups_3sms", seventy, 128, 128, 128, -250, DType::kBFloat16, 3, 1});
   return out;
 }
 
@@ -1646,6 +1695,28 @@ TEST(GemmValidation, KGroupedRules) {
   cfg = GemmConfig{128, 192, 64, 4};
   cfg.tma_store = true;
   invalid(d, cfg, "is built for the TMA-store tiles");
+  // Accumulating into fp32: the register tiles, never ping-pong (not even when the bench's switch asks).
+  KGroupedGemmDesc acc = d;
+  acc.accumulate = true;
+  const GemmConfig acc_ok = choose_config(acc, 0);
+  EXPECT_FALSE(acc_ok.tma_store);
+  EXPECT_EQ(acc_ok.block_n, 256);
+  EXPECT_EQ(acc_ok.stages, 4);
+  EXPECT_NO_THROW(validate(acc, acc_ok));
+  KGroupedGemmDesc acc_narrow = acc;
+  acc_narrow.n = 128;
+  EXPECT_EQ(choose_config(acc_narrow, 0).block_n, 128);
+  EXPECT_EQ(choose_config(acc_narrow, 0).stages, 6);
+  setenv("CCFUSE_KGROUPED_TILE", "pingpong", 1);
+  const GemmConfig acc_switch = choose_config(acc, 0);
+  unsetenv("CCFUSE_KGROUPED_TILE");
+  EXPECT_FALSE(acc_switch.pingpong);
+  EXPECT_NO_THROW(validate(acc, acc_switch));
+  invalid(acc, ok, "the accumulating K-grouped GEMM (C fp32 +=) is built for the register-epilogue tiles");
+  cfg = acc_ok;
+  cfg.stages = 3;
+  invalid(acc, cfg, "not block=128x256x64 stages=3");
+  invalid(d, acc_ok, "without tma_store");
 }
 
 }  // namespace

@@ -94,6 +94,14 @@ class CApi(unittest.TestCase):
                           "max_rows 0 must be positive (the bound on the rows of all groups)")
         self.expect_error("lib.kgrouped_gemm(4, 64, 64, 64, 1, 1, 1, 0, 1, 0)", "group_rows must not be null")
         self.expect_error("lib.kgrouped_gemm(4, 64, 64, 64, 1, 1, 1, 1, 0, 0)", "workspace must not be null")
+        # ... and its accumulating form (c fp32 +=): the same checks, through its own entry point
+        self.expect_error("lib.kgrouped_gemm(0, 64, 64, 64, 1, 1, 1, 1, 1, 0, accumulate=True)",
+                          "num_groups 0 must be at least 1")
+        self.expect_error("lib.kgrouped_gemm(4, 64, 64, 64, 1, 1, 0, 1, 1, 0, accumulate=True)", "c must not be null")
+        self.expect_error("lib.kgrouped_gemm(4, 64, 64, 36, 1, 1, 1, 1, 1, 0, accumulate=True)",
+                          "n 36 must be a multiple of 8 for bf16 (TMA needs 16-byte aligned rows of B [rows, n] and C)")
+        self.expect_error("lib._check(lib._dll.ccfuse_kgrouped_gemm_accumulate(4, 64, 64, 64, 2, 1, 1, 1, 1, 1, None))",
+                          "dtype 2 must be 0 (bf16) or 1 (fp16)")
         r = self.run_child("print(lib.grouped_gemm_workspace_bytes(8) >= 8 * 4)\n")
         self.assertEqual(r.stdout.strip(), "True", r.stderr)
 

@@ -33,7 +33,7 @@ class FakeTensor:
         n = 1
         for s in shape:
             n *= s
-        FakeTensor._next[0] += max(n, 1) * 4 + 4096
+        FakeTensor._next[0] += (max(n, 1) * 4 + 4096 + 255) // 256 * 256  # 256-byte aligned, as CUDA's allocator
 
     def dim(self):
         return len(self.shape)
@@ -79,6 +79,11 @@ class FakeTensor:
     def __add__(self, other):  # a bias [N] broadcast over the rows
         assert other.shape == self.shape[-1:], (self.shape, other.shape)
         return FakeTensor(self.shape, self.dtype)
+
+    def add_(self, other):  # logged on the tensor: what was added into it
+        assert tuple(other.shape) == self.shape, (self.shape, other.shape)
+        self.__dict__.setdefault("added", []).append(other)
+        return self
 
     def view(self, dtype):
         v = FakeTensor(self.shape, dtype)
@@ -147,7 +152,8 @@ def fake_torch():
     t.device = lambda kind, index=0: FakeDevice(kind)
     t.cuda.current_device = lambda: 0
     t.cuda.is_available = lambda: True
-    t.zeros = lambda *shape, **kw: FakeTensor(shape, kw.get("dtype", "float32"))
+    t.zeros = lambda *shape, **kw: FakeTensor(shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape,
+                                              kw.get("dtype", "float32"))
     return t
 
 
@@ -547,7 +553,62 @@ class TorchOps(unittest.TestCase):
         self.assertEqual([e[7] for e in kg], [dw1.data_ptr(), dw2.data_ptr()])
         self.assertEqual({e[8] for e in kg}, {5 << 30})  # the backward's rows per expert
         self.assertEqual((dw1.shape, dw2.shape), ((4, 256, 512), (4, 512, 128)))
+        self.assertEqual({e[10:] for e in kg}, {(1234, ("accumulate", False))})  # stream, kw
         kw.close()
+        # main_grad=True (Megatron's gradient-accumulation fusion): the K-grouped GEMM adds into the
+        # weights' fp32 main_grad (accumulate=True, main_grad's address as C); autograd gets
+        # Megatron's dummy (the flag set) or None; wgrad="torch" adds torch._grouped_mm's result
+        self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, main_grad=1), "main_grad must be True (add the weight "
+                   "gradients into w.main_grad) or False, got 1")
+        self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, backward="unfused", main_grad=True),
+                   "main_grad=True is built for backward='fused'; backward='unfused' returns the weight gradients")
+        mg = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, wgrad="ccfuse", main_grad=True)
+        self.error(lambda: mg(x, ids, wg), "w1 has no main_grad: MoeFfn(main_grad=True) adds the weight gradients "
+                   "into an fp32 w.main_grad shaped like the weight (Megatron's DDP allocates it)")
+        w1.main_grad = FakeTensor((4, 256, 512), "bfloat16")
+        w2.main_grad = FakeTensor((4, 512, 128), "float32")
+        self.error(lambda: mg(x, ids, wg), "w1.main_grad must be float32 (4, 256, 512) on cuda like w1, got "
+                   "bfloat16 (4, 256, 512) on cuda")
+        w1.main_grad = FakeTensor((4, 256, 512), "float32", contiguous=False)
+        self.error(lambda: mg(x, ids, wg), "w1.main_grad must be contiguous and 16-byte aligned")
+        w1.main_grad = FakeTensor((4, 256, 512), "float32")
+        w1.grad_added_to_main_grad = False  # Megatron's attribute on w1 only: w2 gets None
+        try:
+            y = mg(x, ids, wg)
+            fn, ctx = y.grad_fn
+            n = len(log)
+            torch.grouped_mms.clear()
+            dx, dw, dw1, dw2, _, _ = fn.backward(ctx, self.bf16(64, 512))
+            self.assertEqual(torch.grouped_mms, [])
+            kg = [e for e in log[n:] if e[0] == "kgrouped_gemm"]
+            self.assertEqual([(e[1:5], e[7], e[11]) for e in kg],
+                             [((4, 640, 256, 512), w1.main_grad.data_ptr(), ("accumulate", True)),
+                              ((4, 640, 512, 128), w2.main_grad.data_ptr(), ("accumulate", True))])
+            self.assertEqual((dw1.shape, dw1.dtype, w1.grad_added_to_main_grad, dw2), ((4, 256, 512), "bfloat16",
+                                                                                      True, None))
+            mg.close()
+            tm = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, main_grad=True)  # wgrad="torch"
+            y = tm(x, ids, wg)
+            fn, ctx = y.grad_fn
+            torch.grouped_mms.clear()
+            _, _, dw1, dw2, _, _ = fn.backward(ctx, self.bf16(64, 512))
+            self.assertEqual(len(torch.grouped_mms), 2)
+            self.assertEqual([[a.shape for a in w.main_grad.added] for w in (w1, w2)],
+                             [[(4, 256, 512)], [(4, 512, 128)]])
+            self.assertEqual((dw1.shape, dw2), ((4, 256, 512), None))
+            # under torch.compile it refuses (the backward writes main_grad outside the graph)
+            torch.compiler = types.SimpleNamespace(is_compiling=lambda: True)
+            try:
+                self.error(lambda: tm(x, ids, wg), "MoeFfn(main_grad=True) runs in eager mode only (its backward "
+                           "writes w.main_grad, outside the compiled graph): keep the MoE FFN out of the compiled "
+                           "region or use main_grad=False")
+            finally:
+                del torch.compiler
+            tm.close()
+        finally:
+            for name in ("main_grad", "grad_added_to_main_grad"):
+                for w in (w1, w2):
+                    w.__dict__.pop(name, None)
         # under torch.compile: "unfused" refuses (its host sync); "fused" traces into the custom ops
         # torch.ops.ccfuse.moe_ffn and moe_ffn_backward (the layer by its handle), nothing run eagerly
         fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused")

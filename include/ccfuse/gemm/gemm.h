@@ -173,10 +173,15 @@ void grouped_run(const GroupedGemmDesc& desc, const GemmConfig& config, const vo
 // Rows past max_rows are dropped; their count goes to `overflow` (device int) when it is not
 // null. Cooperative TMA-store tiles 128x256x64/3 and 128x128x64/5 (choose_config's pick); m and n
 // multiples of 8 (16-byte rows for TMA). torch._grouped_mm(a.t(), b, offs) computes the same.
+// accumulate: C is fp32 and gets C_g += A_g^T B_g instead (Megatron's gradient-accumulation fusion
+// into the fp32 main_grad: no bf16 rounding of each micro-batch's gradient, no separate add); a
+// group without rows leaves its C_g as it is. Register-epilogue tiles 128x256x64/4 and
+// 128x128x64/6 (choose_config's pick for it), C 16-byte aligned.
 struct KGroupedGemmDesc {
   int num_groups = 0;
   int64_t max_rows = 0, m = 0, n = 0;
-  DType dtype = DType::kBFloat16;
+  DType dtype = DType::kBFloat16;  // of A and B (and C unless accumulate)
+  bool accumulate = false;
 };
 void validate(const KGroupedGemmDesc& desc, const GemmConfig& config);
 GemmConfig choose_config(const KGroupedGemmDesc& desc, int num_sms);

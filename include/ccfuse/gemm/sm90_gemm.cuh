@@ -504,6 +504,27 @@ struct ActivationEpilogue : PlainEpilogue {
   __device__ float row_scale(int64_t row) const { return scale[row]; }
 };
 
+// Adds the tile into an fp32 tensor instead of storing it: c32[row, col] += the accumulators (the
+// MoE weight gradients into Megatron's fp32 main_grad: gradient-accumulation fusion, no bf16
+// rounding of each micro-batch's gradient, no separate add kernel). Register epilogue only
+// (Traits::kTmaStore off; store_tile -> accumulate_block_f32). Every element of c32 gets exactly one
+// add per launch (one tile owns it), so the result does not depend on the order of the adds.
+// rmw = false: one red.global.add.v2.f32 per pair of columns (fire and forget, the L2 does the
+// read-modify-write); true: a load, an add and a store per pair (A/B: CCFUSE_KGROUPED_ACCUM=rmw).
+// skip_no_k: K-grouped tiles of a group without rows add nothing (leave c32 as it is).
+struct AccumF32Epilogue : PlainEpilogue {
+  static constexpr bool kTmaStoreOk = false;
+  static constexpr bool kAccumF32 = true;
+  float* c32 = nullptr;
+  int64_t ld32 = 0;
+  bool rmw = false;
+  bool skip_no_k = false;
+};
+template <class E, class = void>
+struct HasAccumF32 : std::false_type {};
+template <class E>
+struct HasAccumF32<E, std::void_t<decltype(E::kAccumF32)>> : std::bool_constant<E::kAccumF32> {};
+
 // Stores row band b (rows [b * rows_per_band, (b + 1) * rows_per_band) of the GEMM's output) into
 // rank b's buffer at slot `slot` ([slot * rows_per_band, ...) of that buffer), e.g. GEMM+RS
 // partials into the owner's receive buffer (slot = this rank). ASSUMPTION: the schedule never
@@ -650,12 +671,53 @@ __device__ __forceinline__ void store_block(const Params<typename Traits::Elemen
   }
 }
 
-// A consumer warpgroup's 64 rows of a tile from registers (store_block).
+// AccumF32Epilogue's store_block: one 64-row block of a tile added into epi.c32 (rows past the
+// tile's group or M, columns past N untouched). Same fragment layout as store_block; a thread's
+// two columns are adjacent and start at an even column, so each pair is one 8-byte access (ld32
+// even, c32 8-byte aligned: the launch checks).
+template <class Traits, class Epilogue, class Frag>
+__device__ __forceinline__ void accumulate_block_f32(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                                     const Frag& accum, int block_row0, int t, const TileWork& w) {
+  constexpr int kBN = Traits::kBlockN;
+  static_assert(Epilogue::kAct == Activation::kNone && !Epilogue::kHasRowScale, "a plain sum into fp32");
+  static_assert(decltype(size(accum))::value == kBN / 2, "one 64-row wgmma tile");
+  if (epi.skip_no_k && w.k_rows == 0) return;
+  const int lane = t % 32;
+  const int row = block_row0 + (t / 32) * 16 + lane / 4;  // in the tile
+  const int col0 = w.n_tile * kBN + 2 * (lane % 4);
+  const int64_t rows = min_i64(w.row_end, p.m) - w.row0;
+  const bool row_ok[2] = {row < rows, row + 8 < rows};
+  float* base = epi.c32 + (w.row0 + row) * epi.ld32 + col0;
+  CUTE_UNROLL
+  for (int j = 0; j < kBN / 8; ++j) {
+    if (col0 + 8 * j >= p.n) break;  // p.n even: a pair is all in or all out
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      if (!row_ok[h]) continue;
+      float* dst = base + h * 8 * epi.ld32 + 8 * j;
+      const float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
+      if (epi.rmw) {
+        float2 old = *reinterpret_cast<const float2*>(dst);
+        old.x += v0;
+        old.y += v1;
+        *reinterpret_cast<float2*>(dst) = old;
+      } else {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(v0), "f"(v1) : "memory");
+      }
+    }
+  }
+}
+
+// A consumer warpgroup's 64 rows of a tile from registers (store_block, or accumulate_block_f32
+// for an AccumF32Epilogue).
 template <class Traits, class Epilogue, class Accum>
 __device__ __forceinline__ void store_tile(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                            const Accum& accum, int consumer_idx, const TileWork& w) {
-  store_block<Traits, Epilogue>(p, epi, accum, (consumer_idx / 128) * (Traits::kBlockM / Traits::kConsumerWGs),
-                                consumer_idx % 128, w);
+  const int block_row0 = (consumer_idx / 128) * (Traits::kBlockM / Traits::kConsumerWGs);
+  if constexpr (HasAccumF32<Epilogue>::value)
+    accumulate_block_f32<Traits, Epilogue>(p, epi, accum, block_row0, consumer_idx % 128, w);
+  else
+    store_block<Traits, Epilogue>(p, epi, accum, block_row0, consumer_idx % 128, w);
 }
 
 // The TMA-store epilogue (Traits::kTmaStore): wait until the previous tile's stores have read the
