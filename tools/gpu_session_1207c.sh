@@ -10,15 +10,18 @@
 # Qwen3- and DeepSeek-like cases at 4096 tokens, torch in the same rounds; (5) the fp32
 # accumulating form (main_grad +=, --accumulate) against main_grad.add_(torch._grouped_mm(...)), by
 # red.global.add and by load-add-store (CCFUSE_KGROUPED_ACCUM=rmw); (3) also runs fused_kw_mg
-# (MoeFfn(main_grad=True)). Logs in one tarball, the table last.
-#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 5 4 3)
+# (MoeFfn(main_grad=True)); (6) torch_ops.grouped_mm's b gradient, now by the K-grouped GEMM:
+# tools/torch_compile_check.py (aot_eager: opcheck of kgrouped_mm, grouped autograd eager and
+# compiled) and tools/torch_grouped_autograd_bench.py (uniform: ccfuse's autograd against torch's).
+# Logs in one tarball, the table last.
+#   bash tools/gpu_session_1207c.sh [PART ...]   (default: 1 2 5 4 3 6)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
 mkdir -p "$O/logs"
 for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz"; done
 source tools/gpu_env.sh
-parts=" ${*:-1 2 5 4 3} "
+parts=" ${*:-1 2 5 4 3 6} "
 table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-570} - SECONDS )); }
@@ -66,6 +69,19 @@ if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 100 ]; then
     --json "$O/logs/moe_autograd.jsonl" > "$O/logs/moe_autograd.log" 2>&1
   table+=("MoeFfn autograd W=1: rc=$? $(grep -E '^torch_moe_autograd_check:' "$O/logs/moe_autograd.log")")
   while read -r l; do table+=("  $l"); done < <(grep -E 'FAIL|timing|Error' "$O/logs/moe_autograd.log" | cut -c1-700 | head -8)
+fi
+if [[ $parts == *" 6 "* ]] && [ "$(left)" -gt 60 ]; then
+  timeout $(( $(left) > 200 ? 150 : $(left) - 40 )) python3 -m torch.distributed.run --nproc-per-node 1 \
+    tools/torch_compile_check.py --ccfuse-lib .carry/bin/libccfuse_c.so --backends aot_eager \
+    --json "$O/logs/compile.jsonl" > "$O/logs/compile.log" 2>&1
+  table+=("torch_compile_check (aot_eager): rc=$?")
+  while read -r l; do table+=("  $l"); done < <(grep -E 'kgrouped|grouped_autograd|check:' "$O/logs/compile.log" | cut -c1-200 | head -8)
+  if [ "$(left)" -gt 60 ]; then
+    timeout $(( $(left) - 20 )) python3 tools/torch_grouped_autograd_bench.py --ccfuse-lib .carry/bin/libccfuse_c.so \
+      --routing uniform --json "$O/logs/grouped_autograd.jsonl" > "$O/logs/grouped_autograd.log" 2>&1
+    table+=("torch_grouped_autograd_bench (uniform): rc=$?")
+    while read -r l; do table+=("  $l"); done < <(cut -c1-200 "$O/logs/grouped_autograd.log" | tail -n 8)
+  fi
 fi
 {
   echo "== gpu_session_1207c on $gpu, commit $(tr '\n' ' ' < .carry/commit), ${SECONDS} s"

@@ -4,14 +4,14 @@
         [--json out.jsonl] [--backends aot_eager,inductor] [--inject-fault]
 
 1. opcheck: torch.library.opcheck on every custom op (torch.ops.ccfuse.ag_gemm, ag_gemm_gathered,
-   gemm_rs, gemm_ar, mm, grouped_mm, moe_ffn): schema (no input mutated), fake implementation
+   gemm_rs, gemm_ar, mm, grouped_mm, kgrouped_mm, moe_ffn): schema (no input mutated), fake implementation
    (the output's shape, dtype and strides as the real op's), AOT dispatch with dynamic shapes.
 2. A tensor-parallel MLP block (column_parallel_linear -> gelu -> row_parallel_linear, with and
    without sequence parallelism, with a saved gathered input) compiled with fullgraph=True per
    backend: its output and gradients against the same block run eagerly and against an fp64
    reference (the full tensors drawn from one seed on every rank, each rank keeping its shard).
 3. The raw ops with autograd (ag_gemm / gemm_rs on b [K, N]) compiled, the same comparisons; and
-   grouped_mm with autograd (eager and compiled; b's gradient by torch._grouped_mm), with an empty
+   grouped_mm with autograd (eager and compiled; b's gradient by ccfuse's K-grouped GEMM), with an empty
    group and padding rows past the groups' total (whose gradient must be 0).
 4. Inference under torch.no_grad(): the MoE FFN and grouped_mm compiled (bit-for-bit the eager
    result), and the TP block with mode="reduce-overhead" (CUDA graphs) replayed on new inputs.
@@ -108,6 +108,7 @@ def main():
             ("gemm_ar", ops.gemm_ar.default, (on(rnd(S, N)[:, cols]), on(Wr[:, cols]), True)),
             ("mm", ops.mm.default, (on(X), on(Wc[cols]), True)),
             ("grouped_mm", ops.grouped_mm.default, (on(X), experts, grp_rows, True)),
+            ("kgrouped_mm", ops.kgrouped_mm.default, (on(X), on(rnd(S, N // 4)), grp_rows)),
         ]:
             def run_opcheck(name=name, op=op, a=a):
                 res = torch.library.opcheck(op, a)
@@ -175,7 +176,7 @@ def main():
     for backend in backends:
         guarded("raw_kn:" + backend, lambda: raw_case(backend))
 
-    # 3b. grouped_mm with autograd (a's gradient by ccfuse, b's by torch._grouped_mm), eager and
+    # 3b. grouped_mm with autograd (a's gradient by the grouped GEMM, b's by the K-grouped one), eager and
     # compiled: 4 groups, one empty, 64 padding rows past the groups' total (their gradient: 0)
     def grouped_case(mode, b_is_weight):
         counts = [S // 4, 0, S // 2, S // 4 - 64]

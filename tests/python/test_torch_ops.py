@@ -411,19 +411,26 @@ class TorchOps(unittest.TestCase):
         # what autograd cannot take: an out= buffer; the ops without a backward yet say so
         self.error(lambda: cf.gemm_rs(a, b, out=self.bf16(512, 2048)),
                    "out= is not supported when an input requires grad (autograd needs a fresh output)")
-        # grouped_mm: a's gradient by the grouped GEMM (b's transpose), b's by torch._grouped_mm
+        # grouped_mm: a's gradient by the grouped GEMM (b's transpose), b's by the K-grouped GEMM
+        # (the contraction over each group's rows, the counts read on the device), no torch._grouped_mm
         x, rows = self.grad(4096, 512), FakeTensor((8,), "int32")
         y = cf.grouped_mm(x, self.grad(8, 1536, 512), rows, b_is_weight=True)
-        gx, gw = self.backward(y, self.bf16(4096, 1536))[:2]
+        torch.grouped_mms.clear()
+        gy = self.bf16(4096, 1536)
+        gx, gw = self.backward(y, gy)[:2]
         self.assertEqual((gx.shape, gw.shape), ((4096, 512), (8, 1536, 512)))
-        self.assertEqual(log[-1][:5], ("grouped_gemm", 8, 4096, 512, 1536))  # gy [R, N] @ w[g] [N, K]
-        self.assertEqual(log[-1][7], gx.data_ptr())  # into a zeroed gradient (rows past the groups stay 0)
-        self.assertEqual(log[-1][-2], ("b_kn", True))
-        self.assertEqual(torch.grouped_mms[-1], ((1536, 4096), (4096, 512), (8,)))  # gy.T @ x per group
+        self.assertEqual(log[-2][:5], ("grouped_gemm", 8, 4096, 512, 1536))  # gy [R, N] @ w[g] [N, K]
+        self.assertEqual(log[-2][7], gx.data_ptr())  # into a zeroed gradient (rows past the groups stay 0)
+        self.assertEqual(log[-2][-2], ("b_kn", True))
+        # gy_g^T @ x_g per group: (G, rows, m = N, n = K), a = gy, b = x, c = gw, the counts
+        self.assertEqual(log[-1][:9], ("kgrouped_gemm", 8, 4096, 1536, 512, gy.data_ptr(), x.data_ptr(),
+                                       gw.data_ptr(), rows.data_ptr()))
+        self.assertEqual(log[-1][-1], ("dtype", "bf16"))
         y = cf.grouped_mm(x, self.grad(8, 512, 1536), rows)  # b [G, K, N]
-        gx, gw = self.backward(y, self.bf16(4096, 1536))[:2]
-        self.assertEqual((gx.shape, gw.shape, log[-1][-2]), ((4096, 512), (8, 512, 1536), ("b_kn", False)))
-        self.assertEqual(torch.grouped_mms[-1], ((512, 4096), (4096, 1536), (8,)))  # x.T @ gy per group
+        gx, gw = self.backward(y, gy)[:2]
+        self.assertEqual((gx.shape, gw.shape, log[-2][-2]), ((4096, 512), (8, 512, 1536), ("b_kn", False)))
+        self.assertEqual(log[-1][:7], ("kgrouped_gemm", 8, 4096, 512, 1536, x.data_ptr(), gy.data_ptr()))  # x_g^T gy_g
+        self.assertEqual(torch.grouped_mms, [])
         torch.is_grad_enabled = lambda: False  # under torch.no_grad(): the kernel alone, out= allowed
         n = len(log)
         cf.gemm_rs(a, b, out=self.bf16(512, 2048))
@@ -515,7 +522,7 @@ class TorchOps(unittest.TestCase):
         # gradients by torch._grouped_mm over its operands (max_rows 640 here)
         self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, backward="fast"),
                    "backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), got 'fast'")
-        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused")
+        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused", wgrad="torch")
         y = fused(x, ids, wg)
         fn, ctx = y.grad_fn
         n = len(log)
@@ -540,7 +547,7 @@ class TorchOps(unittest.TestCase):
         # and g^T (p a) per expert, the experts' row counts on the device), no torch._grouped_mm
         self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, wgrad="cutlass"),
                    "wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got 'cutlass'")
-        kw = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, wgrad="ccfuse")
+        kw = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100)  # wgrad="ccfuse" is the default
         y = kw(x, ids, wg)
         fn, ctx = y.grad_fn
         n = len(log)
@@ -587,7 +594,7 @@ class TorchOps(unittest.TestCase):
             self.assertEqual((dw1.shape, dw1.dtype, w1.grad_added_to_main_grad, dw2), ((4, 256, 512), "bfloat16",
                                                                                       True, None))
             mg.close()
-            tm = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, main_grad=True)  # wgrad="torch"
+            tm = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, main_grad=True, wgrad="torch")
             y = tm(x, ids, wg)
             fn, ctx = y.grad_fn
             torch.grouped_mms.clear()
