@@ -58,7 +58,8 @@ MoeBackward<T>::~MoeBackward() = default;
 
 template <typename T>
 void MoeBackward<T>::run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w,
-                         const T* w1, const T* w2, const T* g, T* dx, float* dw, const std::vector<T>* h_saved) {
+                         const T* w1, const T* w2, const T* g, T* dx, float* dw, const std::vector<T>* h_saved,
+                         int64_t h_rows) {
   State& s = *s_;
   const MoeShape& sh = s.shape;
   const int k = sh.topk;
@@ -76,9 +77,10 @@ void MoeBackward<T>::run(int rank, const T* x, int64_t num_tokens, const int32_t
   CCFUSE_CHECK(mg.layout.rows() == rows && mg.row_src_rank == mx.row_src_rank && mg.row_src_token == mx.row_src_token &&
                    mg.row_slot == mx.row_slot,
                "rank ", rank, ": the x and g dispatches put the rows in different orders");
-  CCFUSE_CHECK(h_saved == nullptr || int64_t(h_saved->size()) == rows * fi, "rank ", rank, ": h_saved holds ",
-               h_saved == nullptr ? 0 : h_saved->size(), " values, this call's ", rows, " rows need ", rows * fi);
-  if (h_saved != nullptr) hrows = *h_saved;  // the forward's h in place of step 1's
+  const int64_t kept = h_rows < 0 ? rows : std::min(rows, h_rows);
+  CCFUSE_CHECK(h_saved == nullptr || int64_t(h_saved->size()) == kept * fi, "rank ", rank, ": h_saved holds ",
+               h_saved == nullptr ? 0 : h_saved->size(), " values, this call's ", kept, " kept rows need ", kept * fi);
+  if (h_saved != nullptr && kept == rows) hrows = *h_saved;  // the forward's h in place of step 1's
   // 3: the activation's backward, row by row
   std::vector<T> dh(size_t(rows * fi));
   std::vector<float> dp(static_cast<size_t>(rows));

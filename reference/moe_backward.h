@@ -33,9 +33,11 @@ class MoeBackward {
   // g [T, H]; dx [T, H], dw [T, k] (0 for dropped slots). h_saved (may be null): the forward's
   // MoeLayer0 preact rows (same shape, mode and config, same routing), read in step 3 instead of
   // step 1's h (MoeFfnBackward's h_saved; step 1 still dispatches x). Error if its rows are not
-  // this call's.
+  // this call's. h_rows >= 0: h_saved holds the first min(rows, h_rows) rows (the forward's
+  // preact_rows); where this call has more rows than h_rows, step 3 reads step 1's h instead.
   void run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const T* w1,
-           const T* w2, const T* g, T* dx, float* dw, const std::vector<T>* h_saved = nullptr);
+           const T* w2, const T* g, T* dx, float* dw, const std::vector<T>* h_saved = nullptr,
+           int64_t h_rows = -1);
 
  private:
   struct State;

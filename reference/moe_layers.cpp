@@ -147,7 +147,7 @@ MoeLayer0<T>::~MoeLayer0() = default;
 template <typename T>
 void MoeLayer0<T>::run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids,
                        const float* topk_weights, const T* w1, std::vector<T>& act, MoeMetadata& meta,
-                       std::vector<T>* preact) {
+                       std::vector<T>* preact, int64_t preact_rows) {
   State& s = *s_;
   check_rank(s.world, rank);
   const int world_size = s.world.world_size();
@@ -273,7 +273,8 @@ void MoeLayer0<T>::run(int rank, const T* x, int64_t num_tokens, const int32_t* 
   //    data). A tile waits for the chunk of each of its rows; a chunk already seen in this call
   //    is not waited for again (the GPU's producer warp keeps the same per-tile flag set).
   act.resize(size_t(rows * f));
-  if (preact != nullptr) preact->resize(size_t(rows * f_in));
+  const int64_t kept_rows = preact_rows < 0 ? rows : min_i64(rows, preact_rows);
+  if (preact != nullptr) preact->resize(size_t(kept_rows * f_in));
   std::vector<char> chunk_seen(size_t(world_size) * size_t(s.max_chunks), 0);
   std::vector<float> acc(static_cast<size_t>(f_in));
   const T* recv_x = s.recv_x.on(rank);
@@ -296,7 +297,7 @@ void MoeLayer0<T>::run(int rank, const T* x, int64_t num_tokens, const int32_t* 
         CCFUSE_CHECK(meta.layout.bin_ids[size_t(i)] == e, "layout row ", i, " has expert ",
                      meta.layout.bin_ids[size_t(i)], " inside expert ", e, "'s bin");
         row_gemm_f32(recv_x + row_at[size_t(i)] * h, w1_e, f_in, f_in, h, acc.data());
-        if (preact != nullptr)
+        if (preact != nullptr && i < kept_rows)
           for (int64_t j = 0; j < f_in; ++j) (*preact)[size_t(i * f_in + j)] = from_f32<T>(acc[size_t(j)]);
         T* act_row = act.data() + i * f;
         if (s.shape.swiglu) {

@@ -75,9 +75,11 @@ class MoeLayer0 {
   // act: resized to [rows, F]; meta filled. Called by every rank inside World::run.
   // preact (training, may be null): resized to [rows, F'] and given the rows before the
   // activation (F' = 2F [gate | up] with SwiGLU), rounded to T: what MoeBackward can read instead
-  // of recomputing them (ccfuse::moe::MoeFfn::run's preact_out on GPUs).
+  // of recomputing them (ccfuse::moe::MoeFfn::run's preact_out on GPUs). preact_rows >= 0: the
+  // first min(rows, preact_rows) rows only (a GPU caller's bound on its kept buffer).
   void run(int rank, const T* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_weights,
-           const T* w1, std::vector<T>& act, MoeMetadata& meta, std::vector<T>* preact = nullptr);
+           const T* w1, std::vector<T>& act, MoeMetadata& meta, std::vector<T>* preact = nullptr,
+           int64_t preact_rows = -1);
 
  private:
   struct State;

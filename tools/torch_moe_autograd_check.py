@@ -83,10 +83,12 @@ def torch_layer(x, ids, w, w1, w2):
 
 def make_ffn(p1, p2, experts, topk, max_tokens, mode):
     """torch_ops.MoeFfn for a backward mode: unfused, fused, fused_keep (recompute=False), the
-    fused ones with _kw (wgrad="ccfuse"), and _mg (main_grad=True)."""
+    fused ones with _kw (wgrad="ccfuse"), _mg (main_grad=True), and fused_keep_b1 (a kept h of one
+    row: every backward recomputes h after all, decided on the device)."""
     return cf.MoeFfn(p1, p2, num_experts=experts, topk=topk, max_tokens=max_tokens,
                      backward="unfused" if mode == "unfused" else "fused", recompute="keep" not in mode,
-                     wgrad="ccfuse" if "_kw" in mode else "torch", main_grad=mode.endswith("_mg"))
+                     wgrad="ccfuse" if "_kw" in mode else "torch", main_grad=mode.endswith("_mg"),
+                     kept_rows=1 if mode.endswith("_b1") else None)
 
 
 def give_main_grads(mode, params, seed):
@@ -133,7 +135,7 @@ def main():
     ap.add_argument("--backward", default="unfused,fused,fused_keep,fused_keep_kw",
                     help="MoeFfn backward modes to check (comma-separated: unfused, fused, fused_keep = "
                          "backward='fused' with recompute=False, fused[_keep]_kw = with wgrad='ccfuse', "
-                         "fused_kw_mg = that adding into fp32 main_grad)")
+                         "fused_kw_mg = that adding into fp32 main_grad, fused_keep_b1 = a kept h of one row)")
     ap.add_argument("--borrow-comm", action="store_true",
                     help="ccfuse's Team on torch's NCCL communicator (cf.init(process_group=WORLD))")
     args = ap.parse_args()
@@ -159,7 +161,7 @@ def main():
     if world > 1:
         cases.append(("rank0_no_tokens", 8, 2, [0] + [200] * (world - 1), 512, 256, "uniform", 0.0))
     modes = args.backward.split(",")
-    known = ("unfused", "fused", "fused_keep", "fused_kw", "fused_keep_kw", "fused_kw_mg")
+    known = ("unfused", "fused", "fused_keep", "fused_kw", "fused_keep_kw", "fused_kw_mg", "fused_keep_b1")
     if any(m not in known for m in modes):
         ap.error("--backward %r: each mode must be one of %s" % (args.backward, ", ".join(known)))
     if args.timing_only:

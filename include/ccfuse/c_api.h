@@ -106,11 +106,13 @@ int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int n
 int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
                        const float* topk_w, const void* w1, const void* w2, void* out, void* stream);
 /* Training: ccfuse_moe_ffn_run that also keeps layer 0's pre-activation in preact_out, bf16
- * [max_rows, 2F] (swiglu; [max_rows, F] without), max_rows from ccfuse_moe_ffn_max_rows, for
- * ccfuse_moe_ffn_backward_run_saved (which then skips recomputing it). */
+ * [preact_rows, 2F] (swiglu; [preact_rows, F] without), preact_rows in [1, max_rows] (0: max_rows,
+ * from ccfuse_moe_ffn_max_rows, the receive bound), for ccfuse_moe_ffn_backward_run_saved (which
+ * then skips recomputing it, unless the call received more rows than preact_rows: then it
+ * recomputes, decided on the device). */
 int ccfuse_moe_ffn_run_keep(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
                             const float* topk_w, const void* w1, const void* w2, void* out, void* preact_out,
-                            void* stream);
+                            int64_t preact_rows, void* stream);
 int ccfuse_moe_ffn_max_rows(ccfuse_moe_ffn* ffn, int64_t* out);
 int ccfuse_moe_ffn_describe(ccfuse_moe_ffn* ffn, const char** out);
 int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn);
@@ -130,10 +132,12 @@ int ccfuse_moe_ffn_backward_run(ccfuse_moe_ffn_backward* bwd, const void* x, int
                                 const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
                                 const void* g, void* dx, float* dtopk_w, void* stream);
 /* ccfuse_moe_ffn_backward_run with h_saved = the preact_out of ccfuse_moe_ffn_run_keep (a layer
- * made with the same arguments, the same routing): x is dispatched without recomputing h. */
+ * made with the same arguments, the same routing) and h_rows = its preact_rows: x is dispatched
+ * without recomputing h (unless the rows exceed h_rows). */
 int ccfuse_moe_ffn_backward_run_saved(ccfuse_moe_ffn_backward* bwd, const void* x, int64_t num_tokens,
                                       const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
-                                      const void* g, const void* h_saved, void* dx, float* dtopk_w, void* stream);
+                                      const void* g, const void* h_saved, int64_t h_rows, void* dx, float* dtopk_w,
+                                      void* stream);
 int ccfuse_moe_ffn_backward_operands(ccfuse_moe_ffn_backward* bwd, const void** x_rows, const void** dh_rows,
                                      const void** g_rows, const void** pa_rows, const int32_t** expert_rows,
                                      int64_t* max_rows);

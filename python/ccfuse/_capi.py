@@ -10,7 +10,8 @@ dependency here; ccfuse.torch_ops wraps it for torch tensors).
     op.close()
     moe = lib.moe_ffn_create(max_tokens, hidden, ffn, experts, topk)   # w1 rows in swiglu_permutation order
     moe.run(x, tokens, topk_ids, topk_w, w1, w2, out, stream)        # device pointers, int32 ids
-    moe.run_keep(..., out, preact, stream)    # training: layer 0's pre-activation [moe.max_rows(), 2F] kept
+    moe.run_keep(..., out, preact, stream, preact_rows=R)  # training: layer 0's pre-activation [R, 2F] kept
+                                            # (R <= moe.max_rows(); 0: all of them)
     moe.close(); lib.finalize()
     lib.gemm(m, n, k, a, b, c, stream, b_kn=False)          # single GPU, no Team: c = a @ b
                                                             # (workspace=: gemm_workspace_bytes(...) bytes)
@@ -61,10 +62,11 @@ class MoeFfn:
         self._lib._check(self._lib._dll.ccfuse_moe_ffn_run(self._h, x, num_tokens, topk_ids, topk_w, w1, w2, out,
                                                            stream))
 
-    def run_keep(self, x, num_tokens, topk_ids, topk_w, w1, w2, out, preact_out, stream):
-        """run, keeping layer 0's pre-activation in preact_out ([max_rows(), 2F] bf16) for the backward."""
+    def run_keep(self, x, num_tokens, topk_ids, topk_w, w1, w2, out, preact_out, stream, preact_rows=0):
+        """run, keeping layer 0's pre-activation in preact_out ([preact_rows, 2F] bf16; 0: max_rows())
+        for the backward (a call receiving more rows keeps the first preact_rows only)."""
         self._lib._check(self._lib._dll.ccfuse_moe_ffn_run_keep(self._h, x, num_tokens, topk_ids, topk_w, w1, w2,
-                                                                out, preact_out, stream))
+                                                                out, preact_out, preact_rows, stream))
 
     def max_rows(self):
         n = ctypes.c_int64()
@@ -90,10 +92,12 @@ class MoeFfnBackward:
         self._lib._check(self._lib._dll.ccfuse_moe_ffn_backward_run(self._h, x, num_tokens, topk_ids, topk_w, w1, w2,
                                                                     g, dx, dtopk_w, stream))
 
-    def run_saved(self, x, num_tokens, topk_ids, topk_w, w1, w2, g, h_saved, dx, dtopk_w, stream):
-        """run with h_saved = the forward's preact_out (MoeFfn.run_keep): layer 0 is not recomputed."""
+    def run_saved(self, x, num_tokens, topk_ids, topk_w, w1, w2, g, h_saved, dx, dtopk_w, stream, h_rows=0):
+        """run with h_saved = the forward's preact_out (MoeFfn.run_keep) of h_rows rows (its
+        preact_rows): layer 0 is not recomputed, unless this call's rows exceed h_rows."""
         self._lib._check(self._lib._dll.ccfuse_moe_ffn_backward_run_saved(self._h, x, num_tokens, topk_ids, topk_w,
-                                                                          w1, w2, g, h_saved, dx, dtopk_w, stream))
+                                                                          w1, w2, g, h_saved, h_rows, dx, dtopk_w,
+                                                                          stream))
 
     def operands(self):
         """(x_rows, dh_rows, g_rows, pa_rows, expert_rows) device addresses and max_rows."""
@@ -133,14 +137,14 @@ class Ccfuse:
         d.ccfuse_moe_ffn_create.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                             ctypes.c_double, ctypes.POINTER(vp)]
         d.ccfuse_moe_ffn_run.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp]
-        d.ccfuse_moe_ffn_run_keep.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp, vp]
+        d.ccfuse_moe_ffn_run_keep.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp, i64, vp]
         d.ccfuse_moe_ffn_max_rows.argtypes = [vp, ctypes.POINTER(i64)]
         d.ccfuse_moe_ffn_describe.argtypes = [vp, ctypes.POINTER(ctypes.c_char_p)]
         d.ccfuse_moe_ffn_destroy.argtypes = [vp]
         d.ccfuse_moe_ffn_backward_create.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                      ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.POINTER(vp)]
         d.ccfuse_moe_ffn_backward_run.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp, vp, vp]
-        d.ccfuse_moe_ffn_backward_run_saved.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp, vp, vp, vp]
+        d.ccfuse_moe_ffn_backward_run_saved.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp, i64, vp, vp, vp]
         d.ccfuse_moe_ffn_backward_operands.argtypes = [vp] + [ctypes.POINTER(vp)] * 5 + [ctypes.POINTER(i64)]
         d.ccfuse_moe_ffn_backward_destroy.argtypes = [vp]
         d.ccfuse_swiglu_permutation.argtypes = [i64, ctypes.POINTER(i64)]

@@ -641,10 +641,13 @@ class MoeFfn:
     permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
     counter; after writes through w1.data call refresh_weights().
     recompute (backward="fused" only): True recomputes layer 0's pre-activation h in the backward
-    (the forward keeps only its inputs); False has the training forward keep h, [max_rows, 2F] bf16
-    per call (max_rows = max_tokens * topk * world size), and the backward skip layer 0's GEMM for
-    x (docs/moe-layers.md, "The backward pass"; on one H100 at W = 1, Qwen3-like: forward +
-    backward 3.49 -> 3.21 ms).
+    (the forward keeps only its inputs); False has the training forward keep h, [kept_rows, 2F]
+    bf16 per call, and the backward skip layer 0's GEMM for x (docs/moe-layers.md, "The backward
+    pass"; on one H100 at W = 1, Qwen3-like: forward + backward 3.49 -> 3.21 ms). kept_rows (None:
+    max_tokens * topk * 5/4, rounded up to 128, at most the receive bound max_tokens * topk * W):
+    the rows h holds; a step that receives more (skewed routing) keeps the first kept_rows and its
+    backward recomputes h after all, decided on the device (no host sync), so that the memory is
+    what a balanced step needs, not W times it.
     wgrad (backward="fused" only): who computes the weight gradients over the rows the backward
     left: "ccfuse" (default: the engine's K-grouped GEMM, gemm.h's kgrouped_run: no host sync,
     zeros for experts without rows; on one H100 1.08x torch._grouped_mm's speed over 21 weight-
@@ -661,7 +664,7 @@ class MoeFfn:
     """
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True,
-                 wgrad="ccfuse", main_grad=False):
+                 wgrad="ccfuse", main_grad=False, kept_rows=None):
         lib = _need_lib()
         if wgrad not in ("torch", "ccfuse"):
             raise ValueError("wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got %r"
@@ -680,6 +683,10 @@ class MoeFfn:
                              "got %r" % (recompute,))
         if not recompute and backward != "fused":
             raise ValueError("recompute=False keeps h for backward='fused'; backward=%r recomputes it" % (backward,))
+        if kept_rows is not None and (recompute or isinstance(kept_rows, bool) or not isinstance(kept_rows, int)
+                                      or kept_rows < 1):
+            raise ValueError("kept_rows must be a positive int with recompute=False (the rows of the kept h), or "
+                             "None; got %r with recompute=%r" % (kept_rows, recompute))
         _check("w1", w1, 3)
         _check("w2", w2, 3)
         e_local, two_f, h = w1.shape
@@ -697,7 +704,7 @@ class MoeFfn:
         self.w2 = w2
         self.hidden, self.topk, self.max_tokens, self.num_experts = h, topk, max_tokens, num_experts
         self.ffn, self.imbalance, self.backward, self.recompute = f, imbalance, backward, recompute
-        self.wgrad, self.main_grad = wgrad, main_grad
+        self.wgrad, self.main_grad, self._kept_rows = wgrad, main_grad, kept_rows
         self._wgrad_ws = None  # the K-grouped GEMM's workspace (wgrad="ccfuse"), made at first use
         self._max_rows = None  # of the forward's layer (rows of the kept h), asked at first use
         self._bwd = None  # the fused backward's handle, made at its first use (collective: every rank's
@@ -734,12 +741,16 @@ class MoeFfn:
         self._w1_version = getattr(self._w1_src, "_version", None)
 
     def _h_shape(self):
-        """The kept pre-activation's shape: [max_rows, 2F] (rows in the forward's receive order)."""
+        """The kept pre-activation's shape: [kept rows, 2F] (rows in the forward's receive order; the
+        kept rows at most the receive bound max_rows, see kept_rows)."""
         if self._max_rows is None:
             if self._ffn is None:
                 raise ValueError("this MoeFfn was closed")
             self._max_rows = self._ffn.max_rows()
-        return (self._max_rows, 2 * self.ffn)
+        rows = self._kept_rows
+        if rows is None:
+            rows = -(-self.max_tokens * self.topk * 5 // (4 * 128)) * 128
+        return (min(rows, self._max_rows), 2 * self.ffn)
 
     def _run(self, x, topk_ids, topk_w, out=None, keep_h=False):
         """y, or (y, h) with keep_h: h = layer 0's pre-activation for the fused backward."""
@@ -756,7 +767,7 @@ class MoeFfn:
             self._ffn.run(*args, stream)
             return y
         h = x.new_empty(self._h_shape())
-        self._ffn.run_keep(*args, h.data_ptr(), stream)
+        self._ffn.run_keep(*args, h.data_ptr(), stream, preact_rows=h.shape[0])
         return y, h
 
     def __call__(self, x, topk_ids, topk_w, out=None):
@@ -823,7 +834,7 @@ class MoeFfn:
         if h is None:
             self._bwd.run(*args, dx.data_ptr(), dw.data_ptr(), stream)
         else:
-            self._bwd.run_saved(*args, h.data_ptr(), dx.data_ptr(), dw.data_ptr(), stream)
+            self._bwd.run_saved(*args, h.data_ptr(), dx.data_ptr(), dw.data_ptr(), stream, h_rows=h.shape[0])
         return dx, dw
 
     def _fused_wgrad(self, x, w1):

@@ -294,12 +294,14 @@ int ccfuse_moe_ffn_backward_run(ccfuse_moe_ffn_backward* bwd, const void* x, int
 
 int ccfuse_moe_ffn_backward_run_saved(ccfuse_moe_ffn_backward* bwd, const void* x, int64_t num_tokens,
                                       const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
-                                      const void* g, const void* h_saved, void* dx, float* dtopk_w, void* stream) {
+                                      const void* g, const void* h_saved, int64_t h_rows, void* dx, float* dtopk_w,
+                                      void* stream) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(bwd != nullptr, "bwd must be a handle from ccfuse_moe_ffn_backward_create, got null");
     CCFUSE_ARG_CHECK(h_saved != nullptr, "h_saved must be the forward's preact_out (ccfuse_moe_ffn_run_keep), got "
                      "null (ccfuse_moe_ffn_backward_run recomputes it)");
-    bwd->bwd->run(x, num_tokens, topk_ids, topk_w, w1, w2, g, dx, dtopk_w, static_cast<cudaStream_t>(stream), h_saved);
+    bwd->bwd->run(x, num_tokens, topk_ids, topk_w, w1, w2, g, dx, dtopk_w, static_cast<cudaStream_t>(stream), h_saved,
+                  h_rows);
   });
 }
 
@@ -335,12 +337,13 @@ int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, c
 
 int ccfuse_moe_ffn_run_keep(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
                             const float* topk_w, const void* w1, const void* w2, void* out, void* preact_out,
-                            void* stream) {
+                            int64_t preact_rows, void* stream) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(ffn != nullptr, "ffn must be a handle from ccfuse_moe_ffn_create, got null");
-    CCFUSE_ARG_CHECK(preact_out != nullptr, "preact_out must be a device buffer of ccfuse_moe_ffn_max_rows rows, "
+    CCFUSE_ARG_CHECK(preact_out != nullptr, "preact_out must be a device buffer of preact_rows rows, "
                      "got null (ccfuse_moe_ffn_run keeps nothing)");
-    ffn->ffn->run(x, num_tokens, topk_ids, topk_w, w1, w2, out, static_cast<cudaStream_t>(stream), preact_out);
+    ffn->ffn->run(x, num_tokens, topk_ids, topk_w, w1, w2, out, static_cast<cudaStream_t>(stream), preact_out,
+                  preact_rows);
   });
 }
 

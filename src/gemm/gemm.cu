@@ -1,5 +1,6 @@
 // Host side of the GEMM engine: validation, config choice, TMA descriptors, launch.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -681,14 +682,26 @@ void validate(const GroupedGemmDesc& d, const GemmConfig& cfg) {
 }
 
 double current_device_mem_gbps() {
+  // Once per device: the memory clock query is not a cheap attribute read on every driver (the
+  // grouped GEMM's host time grew by 0.1-0.4 ms a call with it per call, 2026-12-07, perf-notes).
+  static std::atomic<double> cached[64];
   int dev = 0, khz = 0, bits = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (dev >= 0 && dev < 64) {
+    const double known = cached[dev].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e9;  // double data rate
+  const double gbps = 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e9;  // double data rate
+  if (dev >= 0 && dev < 64) cached[dev].store(gbps, std::memory_order_relaxed);
+  return gbps;
 }
 
 GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms, double mem_gbps) {

@@ -533,7 +533,13 @@ struct L0Schedule : gemm::sm90::GroupedSchedule {
   epoch_t epoch = 0;
   bool diag_no_wait = false;  // CCFUSE_MOE_DIAG=nowait: timing experiments only (wrong results)
   bool diag_no_tiles = false;  // CCFUSE_MOE_DIAG=l0sendonly: no tiles, the send warps' dispatch alone
-  __device__ int64_t num_tiles() const { return diag_no_tiles ? 0 : GroupedSchedule::num_tiles(); }
+  // run_layer0's gemm_above_rows (>= 0): no tiles (the dispatch alone) when this call's rows fit
+  // in that many (row_prefix comes from the exchange kernel, as tile_prefix does).
+  int64_t gemm_above_rows = -1;
+  __device__ int64_t num_tiles() const {
+    if (diag_no_tiles || (gemm_above_rows >= 0 && row_prefix[num_groups] <= gemm_above_rows)) return 0;
+    return GroupedSchedule::num_tiles();
+  }
   // MoeFfnConfig::local_first: the row tiles of only this rank's rows first (gemm::first_then_rest).
   const int* local_prefix = nullptr;
   __device__ gemm::TileWork work(int64_t idx) const {
@@ -622,7 +628,9 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   static constexpr bool kPreactOut = true;
   E* preact = nullptr;
   int64_t preact_ld = 0;
+  int64_t preact_rows = 0;  // the kept tensor's rows (MoeFfn::run's preact_rows): rows past them are not kept
   __device__ bool preact_enabled() const { return preact != nullptr; }
+  __device__ int64_t preact_row_end() const { return preact_rows; }
   __device__ E* preact_out(const gemm::TileWork& w, int64_t& ld) const {
     ld = preact_ld;
     return preact + w.row0 * preact_ld;
@@ -1630,7 +1638,8 @@ void launch_layer_pingpong(bool nk, int64_t m, int64_t n, int64_t k, const void*
 }  // namespace
 
 void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w,
-                        const void* w1, cudaStream_t stream, void* preact_out, bool gemm) {
+                        const void* w1, cudaStream_t stream, void* preact_out, bool gemm, int64_t preact_rows,
+                        int64_t gemm_above_rows) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
   s.team.check_watchdog();
@@ -1643,10 +1652,14 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   check_ptr(w1, "w1");
   CCFUSE_ARG_CHECK(gemm || !s.cfg.gather_rows, "gemm = false (the dispatch alone) places no rows with "
                    "gather_rows (its GEMM reads them in place)");
+  CCFUSE_ARG_CHECK(preact_rows >= 0 && preact_rows <= s.max_rows, "preact_rows ", preact_rows,
+                   " must be in [1, max_rows() = ", s.max_rows, "] (0: max_rows())");
+  CCFUSE_ARG_CHECK(gemm_above_rows >= -1, "gemm_above_rows ", gemm_above_rows, " must be >= 0 (or -1: always)");
+  if (preact_rows == 0) preact_rows = s.max_rows;
   if (preact_out != nullptr) {
     check_ptr(preact_out, "preact_out");
-    CCFUSE_ARG_CHECK(gemm, "preact_out needs layer 0's GEMM (gemm = true)");
-    const size_t bytes = size_t(s.max_rows * s.l0_cols()) * 2;
+    CCFUSE_ARG_CHECK(gemm && gemm_above_rows < 0, "preact_out needs layer 0's GEMM (gemm = true, every call)");
+    const size_t bytes = size_t(preact_rows * s.l0_cols()) * 2;
     CCFUSE_ARG_CHECK(x == nullptr || !bytes_overlap(preact_out, bytes, x, size_t(num_tokens * d.hidden) * 2),
                      "preact_out must not overlap x");
   }
@@ -1734,6 +1747,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   // "l0sendonly": layer 0's kernel with no tiles, so that only its send warps' dispatch runs
   // (against NCCL's all-to-all of the same rows: how fast the send warps move them on their own).
   sched.diag_no_tiles = !gemm || (diag != nullptr && std::strstr(diag, "l0sendonly") != nullptr);
+  sched.gemm_above_rows = gemm_above_rows;
   const int sms = s.cfg.num_sms > 0 ? s.cfg.num_sms : gemm::current_device_sms();
   auto fill = [&](auto& epi) {
     epi.diag_no_send = no_send;
@@ -1754,6 +1768,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     epi.spread_ns = uint64_t(s.cfg.dispatch_spread_us) * 1000u;
     epi.preact = static_cast<E*>(preact_out);
     epi.preact_ld = s.l0_cols();
+    epi.preact_rows = preact_rows;
     for (int r = 0; r < s.geo.world; ++r) {
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));
@@ -1960,7 +1975,7 @@ void MoeFfn::run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void*
 }
 
 void MoeFfn::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-                 const void* w2, void* out, cudaStream_t stream, void* preact_out) {
+                 const void* w2, void* out, cudaStream_t stream, void* preact_out, int64_t preact_rows) {
   const MoeFfnDesc& d = s_->desc;
   if (num_tokens > 0 && out != nullptr && x != nullptr) {
     const size_t bytes = size_t(num_tokens * d.hidden) * 2;
@@ -1968,10 +1983,11 @@ void MoeFfn::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, con
   }
   if (preact_out != nullptr && num_tokens > 0 && out != nullptr) {
     const size_t bytes = size_t(num_tokens * d.hidden) * 2;
-    CCFUSE_ARG_CHECK(!bytes_overlap(out, bytes, preact_out, size_t(s_->max_rows * s_->l0_cols()) * 2),
+    const int64_t kept = preact_rows > 0 ? std::min(preact_rows, s_->max_rows) : s_->max_rows;
+    CCFUSE_ARG_CHECK(!bytes_overlap(out, bytes, preact_out, size_t(kept * s_->l0_cols()) * 2),
                      "out must not overlap preact_out");
   }
-  run_layer0(x, num_tokens, topk_ids, topk_w, w1, stream, preact_out);
+  run_layer0(x, num_tokens, topk_ids, topk_w, w1, stream, preact_out, true, preact_rows);
   run_layer1(num_tokens, topk_ids, w2, out, stream);
 }
 

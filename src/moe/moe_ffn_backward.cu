@@ -44,18 +44,23 @@ __device__ inline void store8(__nv_bfloat16* p, const float (&f)[kVec]) {
 // Per received row r < row_prefix[groups] (one block a row, grid-stride): from h (layer 0's
 // pre-activation, [rows, L] with L = 2F for SwiGLU, F otherwise), u = g W2^T ([rows, F]) and the
 // router weight p: a = act(h) rounded to bf16 (as the forward rounds it between the layers),
-// dp[r] = <u, a> (fp32), d h = act'(h, p u) into dh (h itself when recomputed, or the next
-// layer's input when h is the forward's saved copy), p a into u. SwiGLU's gate column j is
-// column j (tile order false: gate rows then up rows) or (j / 128) * 256 + j % 128 (true: the
-// forward's swiglu_column_permutation order); up's is F + j, or that + 128; h and dh each in
-// their own order (kSrcTiles, kDstTiles).
-template <bool kSwiglu, bool kSrcTiles, bool kDstTiles>
-__global__ void __launch_bounds__(kRowThreads) act_backward_kernel(const __nv_bfloat16* h, __nv_bfloat16* dh,
-                                                                   __nv_bfloat16* u, const float* p,
+// dp[r] = <u, a> (fp32), d h = act'(h, p u) into dh, p a into u. h is the forward's kept copy
+// h_kept (always in its tile order) when there is one and this call's rows fit in its kept_rows,
+// else dh itself (recomputed in step 1, in w1's order: tiles_w1), updated in place. SwiGLU's gate
+// column j is column j (tile order false: gate rows then up rows) or (j / 128) * 256 + j % 128
+// (true: the forward's swiglu_column_permutation order); up's is F + j, or that + 128; dh in w1's
+// order (kDstTiles = tiles_w1).
+template <bool kSwiglu, bool kDstTiles>
+__global__ void __launch_bounds__(kRowThreads) act_backward_kernel(const __nv_bfloat16* h_kept, int64_t kept_rows,
+                                                                   __nv_bfloat16* dh, __nv_bfloat16* u, const float* p,
                                                                    const int64_t* row_prefix, int groups, int64_t ffn,
                                                                    float* dp) {
   __shared__ float partial[kRowThreads / 32];
   const int64_t rows = row_prefix[groups];
+  const bool kept = h_kept != nullptr && rows <= kept_rows;  // else step 1 recomputed h into dh
+  const __nv_bfloat16* h = kept ? h_kept : dh;
+  const bool src_tiles = kept || kDstTiles;
+  (void)src_tiles;  // SwiGLU's column order only
   const int64_t l = kSwiglu ? 2 * ffn : ffn;
   const auto gate_col = [](int64_t j, bool tiles) { return tiles ? (j / 128) * 256 + j % 128 : j; };
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -68,7 +73,7 @@ __global__ void __launch_bounds__(kRowThreads) act_backward_kernel(const __nv_bf
       float uu[kVec], out_u[kVec];
       load8(ur + j, uu);
       if constexpr (kSwiglu) {
-        const int64_t gc = gate_col(j, kSrcTiles), uc = kSrcTiles ? gc + 128 : ffn + j;
+        const int64_t gc = gate_col(j, src_tiles), uc = src_tiles ? gc + 128 : ffn + j;
         const int64_t gd = gate_col(j, kDstTiles), ud = kDstTiles ? gd + 128 : ffn + j;
         float gt[kVec], up[kVec], dg[kVec], du[kVec];
         load8(hr + gc, gt);
@@ -180,13 +185,17 @@ MoeFfnBackward::~MoeFfnBackward() = default;
 
 void MoeFfnBackward::run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w,
                          const void* w1, const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream,
-                         const void* h_saved) {
+                         const void* h_saved, int64_t h_rows) {
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
   CCFUSE_ARG_CHECK(w2 != nullptr && reinterpret_cast<uintptr_t>(w2) % 16 == 0,
                    "w2 must be a 16-byte aligned device pointer");
   CCFUSE_ARG_CHECK(h_saved == nullptr || reinterpret_cast<uintptr_t>(h_saved) % 16 == 0,
                    "h_saved must be a 16-byte aligned device pointer (or null: recompute)");
+  const int64_t max_rows = s.fwd->max_rows();
+  CCFUSE_ARG_CHECK(h_rows >= 0 && h_rows <= max_rows, "h_rows ", h_rows, " must be in [1, max_rows() = ", max_rows,
+                   "] (0: max_rows()), the forward's preact_rows");
+  if (h_rows == 0) h_rows = max_rows;
   if (num_tokens > 0) {
     for (auto [p, name] : {std::pair<const void*, const char*>{g, "g"}, {dx, "dx"}, {dtopk_w, "dtopk_w"}})
       CCFUSE_ARG_CHECK(p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0, name,
@@ -195,30 +204,34 @@ void MoeFfnBackward::run(const void* x, int64_t num_tokens, const int32_t* topk_
     CCFUSE_ARG_CHECK(!bytes_overlap(dx, bytes, g, bytes), "dx must not overlap g");
     CCFUSE_ARG_CHECK(x == nullptr || !bytes_overlap(dx, bytes, x, bytes), "dx must not overlap x");
     if (h_saved != nullptr) {
-      const size_t h_bytes = size_t(s.fwd->max_rows() * (d.swiglu ? 2 * d.ffn : d.ffn)) * 2;
+      const size_t h_bytes = size_t(h_rows * (d.swiglu ? 2 * d.ffn : d.ffn)) * 2;
       CCFUSE_ARG_CHECK(!bytes_overlap(dx, bytes, h_saved, h_bytes), "dx must not overlap h_saved");
     }
   }
   // 1, 2: both dispatches and their GEMMs (the same routing: the same receive order); with
-  // h_saved x's dispatch alone (its rows for d W1)
-  s.fwd->run_layer0(x, num_tokens, topk_ids, s.ones, w1, stream, nullptr, h_saved == nullptr);
+  // h_saved x's dispatch alone (its rows for d W1), its GEMM too where the rows exceed h_rows
+  // (the forward kept only some: decided on the device)
+  if (h_saved == nullptr)
+    s.fwd->run_layer0(x, num_tokens, topk_ids, s.ones, w1, stream);
+  else if (h_rows >= max_rows)
+    s.fwd->run_layer0(x, num_tokens, topk_ids, s.ones, w1, stream, nullptr, false);
+  else
+    s.fwd->run_layer0(x, num_tokens, topk_ids, s.ones, w1, stream, nullptr, true, 0, h_rows);
   s.bwd->run_layer0(g, num_tokens, topk_ids, topk_w, w2, stream);
-  // 3: the activation's backward, row by row
+  // 3: the activation's backward, row by row (h from h_saved where it holds every row)
   const MoeFfn::Layer0View f = s.fwd->layer0_view(), b = s.bwd->layer0_view();
   const int sms = gemm::current_device_sms();
   auto* dh = static_cast<__nv_bfloat16*>(f.out);
-  const auto* h = h_saved != nullptr ? static_cast<const __nv_bfloat16*>(h_saved) : dh;
   auto* u = static_cast<__nv_bfloat16*>(b.out);
   const int blocks = 8 * sms;
   const auto launch = [&](auto kernel) {
-    kernel<<<blocks, kRowThreads, 0, stream>>>(h, dh, u, b.row_w, f.row_prefix, f.groups, d.ffn, s.dp);
+    kernel<<<blocks, kRowThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(h_saved), h_rows, dh, u, b.row_w,
+                                               f.row_prefix, f.groups, d.ffn, s.dp);
   };
   if (!d.swiglu)
-    launch(act_backward_kernel<false, false, false>);
-  else if (h_saved != nullptr)  // the forward's h: always in its tile order
-    s.tiles ? launch(act_backward_kernel<true, true, true>) : launch(act_backward_kernel<true, true, false>);
+    launch(act_backward_kernel<false, false>);
   else
-    s.tiles ? launch(act_backward_kernel<true, true, true>) : launch(act_backward_kernel<true, false, false>);
+    s.tiles ? launch(act_backward_kernel<true, true>) : launch(act_backward_kernel<true, false>);
   CCFUSE_CUDA_CHECK_LAUNCH();
   // 4: d x, combined at the owners (weights 1: the first FFN's row weights)
   s.fwd->run_layer1(num_tokens, topk_ids, w1, dx, stream);

@@ -330,6 +330,31 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
       verify("saved h");
       team.barrier(s);
       team.synchronize(s);
+
+      // The kept h bounded (MoeFfn::run's preact_rows, MoeFfnBackward::run's h_rows): 1 row, below
+      // the received rows wherever a rank receives two or more, so that its backward recomputes h
+      // (decided on the device); max_rows - 1, where the rows fit and h is read. Every check
+      // again, and the rows after the bound untouched by the forward (NaN stays).
+      for (const int64_t kept : {int64_t(1), fwd.max_rows() - 1}) {
+        const int64_t guard = 64;
+        const size_t kept_bytes = size_t(kept * fi) * 2, all_bytes = size_t((kept + guard) * fi) * 2;
+        const DevPtr hb = dev_alloc(all_bytes);
+        CCFUSE_CUDA_CHECK(cudaMemsetAsync(hb.get(), 0xff, all_bytes, s));
+        fwd.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1f.get(), w2.get(),
+                y.get(), s, hb.get(), kept);
+        CCFUSE_CUDA_CHECK(cudaMemsetAsync(dx.get(), 0xff, size_t(t * h) * 2, s));
+        CCFUSE_CUDA_CHECK(cudaMemsetAsync(dtw.get(), 0xff, size_t(t * k) * 4, s));
+        op.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1.get(), w2.get(), g.get(),
+               dx.get(), static_cast<float*>(dtw.get()), s, hb.get(), kept);
+        team.synchronize(s);
+        verify(kept == 1 ? "saved h of 1 row (recomputed past it)" : "saved h of max_rows - 1 rows");
+        const std::vector<uint16_t> tail =
+            download<uint16_t>(static_cast<char*>(hb.get()) + kept_bytes, size_t(guard * fi));
+        EXPECT_TRUE(std::all_of(tail.begin(), tail.end(), [](uint16_t v) { return v == 0xffff; }))
+            << "the forward wrote past preact_rows = " << kept;
+        team.barrier(s);
+        team.synchronize(s);
+      }
     }
     cudaStreamDestroy(s);
   });
@@ -373,7 +398,15 @@ TEST(GpuMoeFfnBackward, RejectsBadInput) {
       fwd.run_layer0(nullptr, 0, nullptr, nullptr, base, nullptr, base + 256, /*gemm=*/false);
       ADD_FAILURE() << "no error for preact_out without the GEMM";
     } catch (const InvalidArgument& e) {
-      EXPECT_STREQ(e.what(), "preact_out needs layer 0's GEMM (gemm = true)");
+      EXPECT_STREQ(e.what(), "preact_out needs layer 0's GEMM (gemm = true, every call)");
+    }
+    try {
+      fwd.run_layer0(nullptr, 0, nullptr, nullptr, base, nullptr, base + 256, true, fwd.max_rows() + 1);
+      ADD_FAILURE() << "no error for preact_rows past max_rows";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()), "preact_rows " + std::to_string(fwd.max_rows() + 1) +
+                                           " must be in [1, max_rows() = " + std::to_string(fwd.max_rows()) +
+                                           "] (0: max_rows())");
     }
     MoeFfn gathering(team, d, cfg);  // all-gather with gather_rows: the GEMM reads the rows in place
     try {
@@ -396,6 +429,14 @@ TEST(GpuMoeFfnBackward, RejectsBadInput) {
       } catch (const InvalidArgument& e) {
         EXPECT_STREQ(e.what(), want);
       }
+    }
+    try {
+      op.run(nullptr, 4, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), base, base, base + 2048, base,
+             static_cast<float*>(dtw.get()), nullptr, base + 4096, -3);
+      ADD_FAILURE() << "no error for a negative h_rows";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()), "h_rows -3 must be in [1, max_rows() = " + std::to_string(fwd.max_rows()) +
+                                           "] (0: max_rows()), the forward's preact_rows");
     }
   });
 }

@@ -164,8 +164,8 @@ class FakeOp:
     def run(self, *args):
         self.log.append(("run", self.key) + args)
 
-    def run_keep(self, *args):
-        self.log.append(("run_keep", self.key) + args)
+    def run_keep(self, *args, **kw):
+        self.log.append(("run_keep", self.key) + args + tuple(sorted(kw.items())))
 
     def max_rows(self):
         return 640
@@ -204,8 +204,8 @@ class FakeLib:
             def run(self, *a):
                 log.append(("moe_bwd_run",) + a[:2])
 
-            def run_saved(self, *a):
-                log.append(("moe_bwd_run_saved",) + a[:2] + (a[7],))
+            def run_saved(self, *a, **kw):
+                log.append(("moe_bwd_run_saved",) + a[:2] + (a[7],) + tuple(sorted(kw.items())))
 
             def operands(self):
                 return (1 << 30, 2 << 30, 3 << 30, 4 << 30, 5 << 30, 640)
@@ -643,8 +643,9 @@ class TorchOps(unittest.TestCase):
         self.assertEqual(cf.MoeFfn(w1, w2, 8, 2, 100).backward, "fused")  # the default
 
     def test_moe_kept_h(self):
-        # recompute=False: the training forward keeps h [max_rows, 2F] (run_keep), the backward reads
-        # it (run_saved); without a gradient the plain run
+        # recompute=False: the training forward keeps h [kept rows, 2F] (run_keep), the backward reads
+        # it (run_saved, with its rows); without a gradient the plain run. The kept rows: by default
+        # max_tokens * topk * 5/4 rounded up to 128 (256 here), at most max_rows (640 here)
         cf, log = self.cf, self.lib.log
         w1, w2 = self.bf16(4, 256, 512), self.bf16(4, 512, 128)
         self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, recompute="no"),
@@ -660,14 +661,23 @@ class TorchOps(unittest.TestCase):
         y = moe(x, ids, wg)
         fn, ctx = y.grad_fn
         h = ctx.saved_tensors[5]
-        self.assertEqual((log[-1][0], log[-1][2:4], h.shape), ("run_keep", (x.data_ptr(), 64), (640, 256)))
-        self.assertEqual(log[-1][-2], h.data_ptr())  # preact_out, then the stream
+        self.assertEqual((log[-1][0], log[-1][2:4], h.shape), ("run_keep", (x.data_ptr(), 64), (256, 256)))
+        self.assertEqual(log[-1][-3:], (h.data_ptr(), 1234, ("preact_rows", 256)))  # preact_out, stream, rows
         n = len(log)
         fn.backward(ctx, self.bf16(64, 512))
-        self.assertEqual(log[n + 1], ("moe_bwd_run_saved", x.data_ptr(), 64, h.data_ptr()))
+        self.assertEqual(log[n + 1], ("moe_bwd_run_saved", x.data_ptr(), 64, h.data_ptr(), ("h_rows", 256)))
         self.error(lambda: moe._fused_backward(x, ids, wg, self.bf16(64, 512), w1, w2, self.bf16(320, 256)),
-                   "h (the forward's kept pre-activation) must be (640, 256), got (320, 256)")
+                   "h (the forward's kept pre-activation) must be (256, 256), got (320, 256)")
         moe.close()
+        # kept_rows: the caller's bound, at most the receive bound; only with recompute=False
+        big = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, recompute=False, kept_rows=1000)
+        y = big(x, ids, wg)
+        self.assertEqual((y.grad_fn[1].saved_tensors[5].shape, log[-1][-1]), ((640, 256), ("preact_rows", 640)))
+        big.close()
+        for bad, rc in ((300, True), (0, False), (2.5, False), (True, False)):
+            self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, recompute=rc, kept_rows=bad),
+                       "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; "
+                       "got %r with recompute=%r" % (bad, rc))
 
     def test_mm_and_grouped_mm(self):
         cf, log = self.cf, self.lib.log

@@ -1012,9 +1012,10 @@ struct HasTmaAddends<E, std::void_t<decltype(E::kTmaAddends)>> : std::bool_const
 // Epilogue::kPreactOut (optional): the epilogue may also keep the tile's accumulators before its
 // activation and row scale, rounded to Element, in a second [rows, N] tensor with the tile's
 // columns (SwiGLU: the [gate | up] order of every BLOCK_N tile): preact_out(w, ld) gives the
-// address of row w.row0, column 0 there, or nullptr for none this call. Written from registers
-// (store_block's pattern, beside the tile's own store). What a backward pass reads instead of
-// recomputing layer 0 (MoE training, docs/moe-layers.md).
+// address of row w.row0, column 0 there, when preact_enabled(); only rows below
+// preact_row_end() are kept (the tensor's rows: a caller's bound smaller than C's). Written from
+// registers (store_block's pattern, beside the tile's own store). What a backward pass reads
+// instead of recomputing layer 0 (MoE training, docs/moe-layers.md).
 template <class E, class = void>
 struct HasPreactOut : std::false_type {};
 template <class E>
@@ -1032,13 +1033,24 @@ struct PreactEpilogue {
   __device__ float row_scale(int64_t) const { return 1.f; }
 };
 
+// Whether tile w keeps any pre-activation rows, and `kept`: w cut at the kept tensor's end
+// (Epilogue::preact_row_end()), for store_block's row bound.
+template <class Epilogue>
+__device__ __forceinline__ bool preact_rows_of(const Epilogue& epi, const TileWork& w, TileWork& kept) {
+  if (!epi.preact_enabled()) return false;
+  kept = w;
+  kept.row_end = min_i64(w.row_end, epi.preact_row_end());
+  return kept.row0 < kept.row_end;
+}
+
 // A consumer warpgroup's 64 rows of the tile's pre-activation, if the epilogue keeps it.
 template <class Traits, class Epilogue, class Accum>
 __device__ __forceinline__ void store_preact(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                              const Accum& accum, int consumer_idx, const TileWork& w) {
   if constexpr (HasPreactOut<Epilogue>::value) {
-    if (epi.preact_enabled())
-      store_tile<Traits>(p, PreactEpilogue<typename Traits::Element, Epilogue>{epi}, accum, consumer_idx, w);
+    TileWork kept;
+    if (preact_rows_of(epi, w, kept))
+      store_tile<Traits>(p, PreactEpilogue<typename Traits::Element, Epilogue>{epi}, accum, consumer_idx, kept);
   }
 }
 
@@ -1731,11 +1743,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_fence_operand(accum);
       if (prev_stage >= 0) release(prev_stage);
       if constexpr (HasPreactOut<Epilogue>::value) {
-        if (epi.preact_enabled()) {
+        TileWork kept;
+        if (preact_rows_of(epi, w, kept)) {
           CUTE_UNROLL
           for (int mb = 0; mb < 2; ++mb)
             store_block<Traits>(p, PreactEpilogue<typename Traits::Element, Epilogue>{epi}, accum(_, mb, _), 64 * mb,
-                                t, w);
+                                t, kept);
         }
       }
       if (tma_store_tile<Traits, Schedule, Epilogue>(p, w)) {

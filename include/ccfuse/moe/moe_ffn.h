@@ -188,15 +188,23 @@ class MoeFfn {
   // there, [max_rows(), 2F] bf16 with SwiGLU (each 256-column tile's [128 gate | 128 up] columns,
   // w1's order as run takes it; [max_rows(), F] without), in the receive order of
   // layer0_output(). MoeFfnBackward::run reads it instead of recomputing layer 0 (h_saved).
+  // preact_rows (0: max_rows()): preact_out's rows, in [1, max_rows()]; a call that receives more
+  // keeps its first preact_rows rows only, and the backward then recomputes h (decided on the
+  // device: no host sync). A bound near the rows a step receives (~ tokens x topk, not the
+  // worst case tokens x topk x W) keeps the memory at what a balanced step needs.
   void run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-           const void* w2, void* out, cudaStream_t stream, void* preact_out = nullptr);
+           const void* w2, void* out, cudaStream_t stream, void* preact_out = nullptr, int64_t preact_rows = 0);
 
   // Layer 0 alone (dispatch + grouped GEMM + activation) then layer 1 alone, for the bench's
   // per-layer figures: run() == run_layer0() followed by run_layer1() on the same stream.
   // gemm = false: the dispatch alone (the received rows, layer0_input(); layer0_output() is not
   // written), for a caller that has the GEMM's result already (MoeFfnBackward with h_saved).
+  // gemm_above_rows >= 0 (with gemm): the GEMM runs only if this call receives more rows than
+  // that (decided on the device; else the dispatch alone): MoeFfnBackward with a kept h of that
+  // many rows. preact_rows: as run's.
   void run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
-                  cudaStream_t stream, void* preact_out = nullptr, bool gemm = true);
+                  cudaStream_t stream, void* preact_out = nullptr, bool gemm = true, int64_t preact_rows = 0,
+                  int64_t gemm_above_rows = -1);
   void run_layer1(int64_t num_tokens, const int32_t* topk_ids, const void* w2, void* out, cudaStream_t stream);
 
   // After a call (stream-ordered; for tests and the bench): rows this rank received, per local
@@ -277,10 +285,12 @@ class MoeFfnBackward {
   // MoeFfn of the same desc and config with the same routing (then the receive orders agree);
   // step 1 dispatches x without its GEMM and step 3 reads h from h_saved (left unchanged), two of
   // the backward's eight GEMM units fewer. w1 stays in w1_swiglu_tiles order (h_saved is in the
-  // forward's tile order either way).
+  // forward's tile order either way). h_rows (0: max_rows()): h_saved's rows, the forward's
+  // preact_rows; where this call receives more rows than that (the forward kept only some), step 1
+  // recomputes h after all and step 3 reads the recomputed one (decided on the device).
   void run(const void* x, int64_t num_tokens, const int32_t* topk_ids, const float* topk_w, const void* w1,
            const void* w2, const void* g, void* dx, float* dtopk_w, cudaStream_t stream,
-           const void* h_saved = nullptr);
+           const void* h_saved = nullptr, int64_t h_rows = 0);
   MoeWgradOperands wgrad_operands() const;
 
  private:

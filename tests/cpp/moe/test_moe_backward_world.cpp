@@ -7,6 +7,7 @@
 // failure).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -113,6 +114,36 @@ void check(const Case& c, double tol) {
       bw.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), w2[r].data(), g[r].data(), dx3[r].data(),
              dw3[r].data(), &kept);
     });
+    // A kept h bounded (the forward's preact_rows, the backward's h_rows): 1 row, NaN where the
+    // call has more (step 3 must read step 1's h then); and rows + 3 (all kept, read). Both bit-equal
+    // to the recomputed run.
+    std::vector<std::vector<T>> dx4(w), dx5(w);
+    std::vector<std::vector<float>> dw4(w), dw5(w);
+    world.run([&](int r) {
+      const int64_t t = in[size_t(r)].num_tokens;
+      std::vector<T> act, one, all;
+      MoeMetadata meta;
+      fwd.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), act, meta, &one, 1);
+      const int64_t rows = meta.layout.rows();
+      EXPECT_EQ(int64_t(one.size()), std::min<int64_t>(rows, 1) * fi) << "the values kept for a bound of 1 row";
+      if (rows > 1) std::fill(one.begin(), one.end(), poison<T>());
+      dx4[r].assign(size_t(t * h), poison<T>());
+      dw4[r].assign(size_t(t * k), std::nanf(""));
+      bw.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), w2[r].data(), g[r].data(), dx4[r].data(),
+             dw4[r].data(), &one, 1);
+      fwd.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), act, meta, &all, rows + 3);
+      dx5[r].assign(size_t(t * h), poison<T>());
+      dw5[r].assign(size_t(t * k), std::nanf(""));
+      bw.run(r, x[r].data(), t, ids[r].data(), tw[r].data(), w1[r].data(), w2[r].data(), g[r].data(), dx5[r].data(),
+             dw5[r].data(), &all, rows + 3);
+    });
+    for (int r = 0; r < w; ++r) {
+      SCOPED_TRACE("bounded kept h, rank " + std::to_string(r));
+      EXPECT_EQ(std::memcmp(dx4[r].data(), dx[r].data(), dx[r].size() * sizeof(T)), 0) << "d x, bound 1 row";
+      EXPECT_EQ(std::memcmp(dw4[r].data(), dw[r].data(), dw[r].size() * sizeof(float)), 0) << "d topk_w, bound 1 row";
+      EXPECT_EQ(std::memcmp(dx5[r].data(), dx[r].data(), dx[r].size() * sizeof(T)), 0) << "d x, bound rows + 3";
+      EXPECT_EQ(std::memcmp(dw5[r].data(), dw[r].data(), dw[r].size() * sizeof(float)), 0) << "d topk_w, bound rows + 3";
+    }
     int64_t changed = 0;
     for (int r = 0; r < w; ++r) {
       changed += std::memcmp(dw3[r].data(), dw[r].data(), dw[r].size() * sizeof(float)) != 0;
