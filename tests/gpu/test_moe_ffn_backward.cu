@@ -334,11 +334,16 @@ TEST_P(GpuMoeFfnBackward, MatchesFp64Reference) {
       // The kept h bounded (MoeFfn::run's preact_rows, MoeFfnBackward::run's h_rows): 1 row, below
       // the received rows wherever a rank receives two or more, so that its backward recomputes h
       // (decided on the device); max_rows - 1, where the rows fit and h is read. Every check
-      // again, and the rows after the bound untouched by the forward (NaN stays).
-      for (const int64_t kept : {int64_t(1), fwd.max_rows() - 1}) {
-        const int64_t guard = 64;
+      // again, and the rows after the bound untouched by the forward (NaN stays). The buffers are
+      // made before the loop: a cudaFree between the calls would wait for the whole device, the
+      // other rank's kernels too, which wait for this rank (a one-GPU world's deadlock).
+      const int64_t guard = 64;
+      const int64_t bounds[2] = {1, fwd.max_rows() - 1};
+      const DevPtr hb_one = dev_alloc(size_t((bounds[0] + guard) * fi) * 2);
+      const DevPtr hb_most = dev_alloc(size_t((bounds[1] + guard) * fi) * 2);
+      for (const int64_t kept : bounds) {
         const size_t kept_bytes = size_t(kept * fi) * 2, all_bytes = size_t((kept + guard) * fi) * 2;
-        const DevPtr hb = dev_alloc(all_bytes);
+        const DevPtr& hb = kept == bounds[0] ? hb_one : hb_most;
         CCFUSE_CUDA_CHECK(cudaMemsetAsync(hb.get(), 0xff, all_bytes, s));
         fwd.run(x.get(), t, static_cast<int32_t*>(ids.get()), static_cast<float*>(tw.get()), w1f.get(), w2.get(),
                 y.get(), s, hb.get(), kept);
