@@ -121,7 +121,7 @@ class MoeExperts(nn.Module):
     followed by w1's version counter) call materialize()."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, imbalance=0.0, backward="fused",
-                 recompute=True, dtype=torch.bfloat16, device=None):
+                 recompute=None, dtype=torch.bfloat16, device=None):
         super().__init__()
         w = _world_size()
         _divisible("num_experts", num_experts, w, "each rank holds num_experts / W experts")
@@ -129,7 +129,9 @@ class MoeExperts(nn.Module):
             raise ValueError("topk %d must be in [1, num_experts %d]" % (topk, num_experts))
         if backward not in ("fused", "unfused"):
             raise ValueError("backward must be 'fused' or 'unfused', got %r" % (backward,))
-        if recompute not in (True, False) or (not recompute and backward != "fused"):
+        if recompute is None:  # torch_ops.MoeFfn's default: keep h with the fused backward
+            recompute = backward != "fused"
+        if not isinstance(recompute, bool) or (not recompute and backward != "fused"):
             raise ValueError("recompute must be True, or False (the forward keeps h) with backward='fused'; got "
                              "recompute=%r, backward=%r" % (recompute, backward))
         self.recompute = recompute
@@ -219,7 +221,7 @@ class MoeLayer(nn.Module):
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, score="softmax", normalize=True,
                  capacity_factor=0.0, drop="position", bias_update_rate=0.0, imbalance=0.0, backward="fused",
-                 recompute=True, dtype=torch.bfloat16, device=None):
+                 recompute=None, dtype=torch.bfloat16, device=None):
         super().__init__()
         if score not in ("softmax", "sigmoid"):
             raise ValueError("score must be 'softmax' or 'sigmoid', got %r" % (score,))

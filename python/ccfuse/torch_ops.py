@@ -640,7 +640,8 @@ class MoeFfn:
     and grouped GEMMs; one host sync, so eager mode only). w1's
     permuted copy follows in-place updates of w1 (optimizer steps, load_state_dict) by its version
     counter; after writes through w1.data call refresh_weights().
-    recompute (backward="fused" only): True recomputes layer 0's pre-activation h in the backward
+    recompute (backward="fused" only; None, the default: False with backward="fused", True with
+    "unfused"): True recomputes layer 0's pre-activation h in the backward
     (the forward keeps only its inputs); False has the training forward keep h, [kept_rows, 2F]
     bf16 per call, and the backward skip layer 0's GEMM for x (docs/moe-layers.md, "The backward
     pass"; on one H100 at W = 1, Qwen3-like: forward + backward 3.49 -> 3.21 ms). kept_rows (None:
@@ -663,7 +664,7 @@ class MoeFfn:
     weight's grad_added_to_main_grad set to True when the weight has that attribute, else None.
     """
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True,
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=None,
                  wgrad="ccfuse", main_grad=False, kept_rows=None):
         lib = _need_lib()
         if wgrad not in ("torch", "ccfuse"):
@@ -678,7 +679,9 @@ class MoeFfn:
         if backward not in ("unfused", "fused"):
             raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
                              "got %r" % (backward,))
-        if recompute not in (True, False):
+        if recompute is None:  # keep h where the backward can read it (bounded: kept_rows)
+            recompute = backward != "fused"
+        if not isinstance(recompute, bool):
             raise ValueError("recompute must be True (the backward recomputes h) or False (the forward keeps h), "
                              "got %r" % (recompute,))
         if not recompute and backward != "fused":

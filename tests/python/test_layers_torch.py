@@ -246,7 +246,7 @@ class Layers(unittest.TestCase):
         self.assertEqual(tuple(y.shape), (5, 16))
         first = ex._layer
         self.assertIs(first._w1_src, ex.w1)
-        self.assertTrue(first.recompute)  # the default; passed through to torch_ops.MoeFfn
+        self.assertFalse(first.recompute)  # the default with backward="fused" (keep h); passed through
         ex.w1 = torch.nn.Parameter(ex.w1.detach().clone())
         ex(self.randn(5, 16), torch.zeros(5, 2, dtype=torch.int32), torch.full((5, 2), 0.5, dtype=torch.float64))
         self.assertTrue(first.closed)

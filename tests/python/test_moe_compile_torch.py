@@ -63,7 +63,7 @@ class MoeCompile(unittest.TestCase):
 
     def test_fused_backward_traces_into_one_graph(self):
         w1, w2, x, ids, tw = self.tensors()
-        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="fused")
+        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="fused", recompute=True)
         graphs = []
 
         def backend(gm, example_inputs):
@@ -136,12 +136,13 @@ class MoeCompile(unittest.TestCase):
             for _, sub in gm.named_children():
                 walk(sub)
         walk(graphs[0])
-        self.assertTrue({"ccfuse.route", "ccfuse.moe_ffn", "ccfuse.moe_ffn_backward"} <= targets, targets)
+        # the experts keep h by default (recompute=None -> False with the fused backward)
+        self.assertTrue({"ccfuse.route", "ccfuse.moe_ffn_keep", "ccfuse.moe_ffn_backward"} <= targets, targets)
         layer.experts.close()
 
     def test_backward_op_fake_shapes_and_checks(self):
         w1, w2, x, ids, tw = self.tensors()
-        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="fused")
+        moe = self.cf.MoeFfn(w1, w2, num_experts=E, topk=K, max_tokens=T, backward="fused", recompute=True)
         g = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
         dx, dw, dw1, dw2 = torch.ops.ccfuse.moe_ffn_backward(x, ids, tw, g, w1, w2, moe._key, None)
         self.assertEqual([(tuple(t.shape), t.dtype) for t in (dx, dw, dw1, dw2)],

@@ -522,7 +522,8 @@ class TorchOps(unittest.TestCase):
         # gradients by torch._grouped_mm over its operands (max_rows 640 here)
         self.error(lambda: cf.MoeFfn(w1, w2, 8, 2, 100, backward="fast"),
                    "backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), got 'fast'")
-        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused", wgrad="torch")
+        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused", wgrad="torch",
+                          recompute=True)
         y = fused(x, ids, wg)
         fn, ctx = y.grad_fn
         n = len(log)
@@ -618,7 +619,7 @@ class TorchOps(unittest.TestCase):
                     w.__dict__.pop(name, None)
         # under torch.compile: "unfused" refuses (its host sync); "fused" traces into the custom ops
         # torch.ops.ccfuse.moe_ffn and moe_ffn_backward (the layer by its handle), nothing run eagerly
-        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused")
+        fused = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, backward="fused", recompute=True)
         calls = []
         grads = (self.bf16(64, 512), FakeTensor((64, 2), "float32"), self.bf16(4, 256, 512), self.bf16(4, 512, 128))
         torch.compiler = types.SimpleNamespace(is_compiling=lambda: True)
@@ -640,7 +641,9 @@ class TorchOps(unittest.TestCase):
         fused.close()
         self.error(lambda: cf.MoeFfn(w1, w2, 16, 2, 100),
                    "w1 holds 4 experts, but num_experts 16 / world size 2 = 8.0")
-        self.assertEqual(cf.MoeFfn(w1, w2, 8, 2, 100).backward, "fused")  # the default
+        default = cf.MoeFfn(w1, w2, 8, 2, 100)
+        self.assertEqual((default.backward, default.recompute), ("fused", False))  # the defaults: keep h
+        self.assertTrue(cf.MoeFfn(w1, w2, 8, 2, 100, backward="unfused").recompute)  # unfused recomputes
 
     def test_moe_kept_h(self):
         # recompute=False: the training forward keeps h [kept rows, 2F] (run_keep), the backward reads
