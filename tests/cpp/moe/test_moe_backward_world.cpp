@@ -211,7 +211,7 @@ TEST(MoeBackwardWorld, KeptHOfAnotherCallIsAnError) {
     });
     ADD_FAILURE() << "no error for a kept h of another call's rows";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("h_saved holds 16 values, this call's 3 rows need 24"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("h_saved holds 16 values, this call's 3 kept rows need 24"), std::string::npos)
         << e.what();
   }
 }
