@@ -58,9 +58,10 @@ def check_experts(got, ref_t, ins0, rows, tol):
     return res, ok, [g for g in range(e) if rows[g] == 0]
 
 
-def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
-    if accumulate:
-        return run_accumulate_case(torch, lib, case, iters, inject_fault)
+def case_setup(torch, case, out_elem_bytes, seed):
+    """A case's device, sizes, rows per expert (list, and on the device with their offsets), a
+    generator of uniform [-1, 1) tensors, and the rotated input sets (a [rows, m], b [rows, n]) that
+    fit beside three outputs of out_elem_bytes an element."""
     dev = torch.device("cuda", 0)
     e, m, n = case["experts"], case["n"], case["k"]
     total = case["tokens"] * case["topk"]
@@ -68,16 +69,24 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
     counts = torch.tensor(rows, dtype=torch.int32, device=dev)
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     set_bytes = 2 * total * (m + n)
-    out_bytes = 2 * e * m * n
     free, _ = torch.cuda.mem_get_info(dev)
-    sets = max(1, min(-(-ROTATE_BYTES // set_bytes), (free - 3 * out_bytes - (2 << 30)) // set_bytes, 32))
+    sets = max(1, min(-(-ROTATE_BYTES // set_bytes), (free - 3 * out_elem_bytes * e * m * n - (2 << 30)) // set_bytes,
+                      32))
     gen = torch.Generator(device=dev)
-    gen.manual_seed(7)
+    gen.manual_seed(seed)
 
-    def uniform(*shape):
-        return (torch.rand(*shape, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16)
+    def uniform(*shape, dtype=torch.bfloat16):
+        return (torch.rand(*shape, device=dev, generator=gen) * 2 - 1).to(dtype)
 
     ins = [(uniform(total, m), uniform(total, n)) for _ in range(sets)]
+    return dev, e, m, n, total, rows, counts, offs, sets, uniform, ins
+
+
+def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
+    if accumulate:
+        return run_accumulate_case(torch, lib, case, iters, inject_fault)
+    dev, e, m, n, total, rows, counts, offs, sets, _, ins = case_setup(torch, case, 2, 7)
+    out_bytes = 2 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
     outs = [torch.full((e, m, n), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
     stream = torch.cuda.current_stream(dev).cuda_stream
@@ -114,23 +123,8 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
 
 
 def run_accumulate_case(torch, lib, case, iters, inject_fault):
-    dev = torch.device("cuda", 0)
-    e, m, n = case["experts"], case["n"], case["k"]
-    total = case["tokens"] * case["topk"]
-    rows = moe_grouped.grouped_rows(e, total, case["routing"])
-    counts = torch.tensor(rows, dtype=torch.int32, device=dev)
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    set_bytes = 2 * total * (m + n)
+    dev, e, m, n, total, rows, counts, offs, sets, uniform, ins = case_setup(torch, case, 4, 11)
     acc_bytes = 4 * e * m * n
-    free, _ = torch.cuda.mem_get_info(dev)
-    sets = max(1, min(-(-ROTATE_BYTES // set_bytes), (free - 3 * acc_bytes - (2 << 30)) // set_bytes, 32))
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(11)
-
-    def uniform(*shape, dtype=torch.bfloat16):
-        return (torch.rand(*shape, device=dev, generator=gen) * 2 - 1).to(dtype)
-
-    ins = [(uniform(total, m), uniform(total, n)) for _ in range(sets)]
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
     c0 = uniform(e, m, n, dtype=torch.float32)
     acc = [c0.clone()]  # ccfuse's main_grad buffer (one: a DeepSeek-like dW1's is 14 GiB)
