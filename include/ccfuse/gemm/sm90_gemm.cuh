@@ -509,8 +509,8 @@ struct ActivationEpilogue : PlainEpilogue {
 // rounding of each micro-batch's gradient, no separate add kernel). Register epilogue only
 // (Traits::kTmaStore off; store_tile -> accumulate_block_f32). Every element of c32 gets exactly one
 // add per launch (one tile owns it), so the result does not depend on the order of the adds.
-// rmw = false: one red.global.add.v4.f32 per 4 columns (fire and forget, the L2 does the
-// read-modify-write); true: a load, an add and a store per 4 (A/B: CCFUSE_KGROUPED_ACCUM=rmw).
+// rmw = false: one red.global.add.v2.f32 per pair of columns (fire and forget, the L2 does the
+// read-modify-write); true: a load, an add and a store per pair (A/B: CCFUSE_KGROUPED_ACCUM=rmw).
 // skip_no_k: K-grouped tiles of a group without rows add nothing (leave c32 as it is).
 struct AccumF32Epilogue : PlainEpilogue {
   static constexpr bool kTmaStoreOk = false;
@@ -672,12 +672,9 @@ __device__ __forceinline__ void store_block(const Params<typename Traits::Elemen
 }
 
 // AccumF32Epilogue's store_block: one 64-row block of a tile added into epi.c32 (rows past the
-// tile's group or M, columns past N untouched). Same fragment layout as store_block: for each
-// 8-column group j, lane q = lane % 4 holds columns 2q, 2q + 1 of rows `row` and row + 8. Lanes
-// q and q ^ 1 swap one pair (a shuffle), so that the even lane holds 4 adjacent columns of `row`
-// and the odd lane 4 of row + 8: one 16-byte red.global.add.v4.f32 each instead of two 8-byte
-// v2's (half the L2's atomic operations; ld32 a multiple of 8 and c32 16-byte aligned, the
-// launch checks; N a multiple of 8, so a column group is all in or all out).
+// tile's group or M, columns past N untouched). Same fragment layout as store_block; a thread's
+// two columns are adjacent and start at an even column, so each pair is one 8-byte access (ld32
+// even, c32 8-byte aligned: the launch checks).
 template <class Traits, class Epilogue, class Frag>
 __device__ __forceinline__ void accumulate_block_f32(const Params<typename Traits::Element>& p, const Epilogue& epi,
                                                      const Frag& accum, int block_row0, int t, const TileWork& w) {
@@ -686,33 +683,27 @@ __device__ __forceinline__ void accumulate_block_f32(const Params<typename Trait
   static_assert(decltype(size(accum))::value == kBN / 2, "one 64-row wgmma tile");
   if (epi.skip_no_k && w.k_rows == 0) return;
   const int lane = t % 32;
-  const bool odd = (lane & 1) != 0;
-  const int row = block_row0 + (t / 32) * 16 + lane / 4 + (odd ? 8 : 0);  // in the tile: this lane's row
+  const int row = block_row0 + (t / 32) * 16 + lane / 4;  // in the tile
+  const int col0 = w.n_tile * kBN + 2 * (lane % 4);
   const int64_t rows = min_i64(w.row_end, p.m) - w.row0;
-  const bool row_ok = row < rows;
-  const int col_in_group = 2 * ((lane % 4) & ~1);  // 0 or 4
-  float* base = epi.c32 + (w.row0 + row) * epi.ld32 + int64_t(w.n_tile) * kBN + col_in_group;
+  const bool row_ok[2] = {row < rows, row + 8 < rows};
+  float* base = epi.c32 + (w.row0 + row) * epi.ld32 + col0;
   CUTE_UNROLL
   for (int j = 0; j < kBN / 8; ++j) {
-    if (w.n_tile * kBN + 8 * j >= p.n) break;  // warp-uniform: whole column groups
-    const float a0 = accum(4 * j), a1 = accum(4 * j + 1);      // row, columns 2q, 2q + 1
-    const float b0 = accum(4 * j + 2), b1 = accum(4 * j + 3);  // row + 8
-    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-    const float4 v = odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1);
-    if (!row_ok) continue;
-    float* dst = base + 8 * j;
-    if (epi.rmw) {
-      float4 old = *reinterpret_cast<const float4*>(dst);
-      old.x += v.x;
-      old.y += v.y;
-      old.z += v.z;
-      old.w += v.w;
-      *reinterpret_cast<float4*>(dst) = old;
-    } else {
-      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z),
-                   "f"(v.w)
-                   : "memory");
+    if (col0 + 8 * j >= p.n) break;  // p.n even: a pair is all in or all out
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      if (!row_ok[h]) continue;
+      float* dst = base + h * 8 * epi.ld32 + 8 * j;
+      const float v0 = accum(4 * j + 2 * h), v1 = accum(4 * j + 2 * h + 1);
+      if (epi.rmw) {
+        float2 old = *reinterpret_cast<const float2*>(dst);
+        old.x += v0;
+        old.y += v1;
+        *reinterpret_cast<float2*>(dst) = old;
+      } else {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(v0), "f"(v1) : "memory");
+      }
     }
   }
 }
