@@ -118,25 +118,46 @@ class MoeExperts(nn.Module):
     The kernels' MoeFfn is made with the module (collective), or by materialize() after a
     meta-device build (to_empty + reset_parameters). New Parameter objects (to_empty) are picked up
     by the next eager forward; after a `.data` swap (which in-place updates do not need: those are
-    followed by w1's version counter) call materialize()."""
+    followed by w1's version counter) call materialize().
+
+    imbalance, backward, recompute and the keyword-only wgrad, main_grad and kept_rows are passed
+    to torch_ops.MoeFfn with its defaults and meaning (its docstring has the details):
+    - recompute (fused backward only; None: False with backward="fused", True with "unfused"):
+      False keeps layer 0's pre-activation h from the training forward for the backward.
+    - kept_rows (recompute=False only; None: MoeFfn's default, max_tokens * topk * 5/4 rounded up
+      to 128, at most the receive bound max_tokens * topk * W): the rows of the kept h; a step
+      that receives more recomputes h in its backward (decided on the device).
+    - wgrad (backward="fused"): who computes the weight gradients: "ccfuse" (default: the
+      K-grouped GEMM) or "torch" (torch._grouped_mm).
+    - main_grad (backward="fused", eager mode only): Megatron's gradient-accumulation fusion: the
+      backward adds d w1 and d w2 into w1.main_grad and w2.main_grad instead of returning them.
+      The caller gives both Parameters (this module's w1 and w2) an fp32, contiguous `main_grad`
+      shaped like the weight on its device, zeroed when a step starts, as Megatron's DDP does
+      (a view of its fp32 gradient buffer; zero_grad_buffer() zeroes it):
+          for w in (experts.w1, experts.w2):
+              w.main_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+              w.grad_added_to_main_grad = False   # Megatron's DDP sets this flag too
+      MoeFfn checks them at each training forward and backward (ValueError naming the weight).
+      Where the weight has grad_added_to_main_grad, autograd gets a dummy gradient (zeros if
+      w.zero_out_wgrad, else empty) and the flag is set to True, so the weight's gradient hooks
+      (Megatron DDP's) still run and skip their add; without the flag autograd gets None for the
+      weight (w.grad stays None: the optimizer must read w.main_grad).
+    The option checks are MoeFfn's (torch_ops.moe_ffn_options: a ValueError naming the argument and
+    the rule), at construction (a meta-device build too) and again when MoeFfn is made."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, imbalance=0.0, backward="fused",
-                 recompute=None, dtype=torch.bfloat16, device=None):
+                 recompute=None, dtype=torch.bfloat16, device=None, *, wgrad="ccfuse", main_grad=False,
+                 kept_rows=None):
         super().__init__()
         w = _world_size()
         _divisible("num_experts", num_experts, w, "each rank holds num_experts / W experts")
         if not 0 < topk <= num_experts:
             raise ValueError("topk %d must be in [1, num_experts %d]" % (topk, num_experts))
-        if backward not in ("fused", "unfused"):
-            raise ValueError("backward must be 'fused' or 'unfused', got %r" % (backward,))
-        if recompute is None:  # torch_ops.MoeFfn's default: keep h with the fused backward
-            recompute = backward != "fused"
-        if not isinstance(recompute, bool) or (not recompute and backward != "fused"):
-            raise ValueError("recompute must be True, or False (the forward keeps h) with backward='fused'; got "
-                             "recompute=%r, backward=%r" % (recompute, backward))
-        self.recompute = recompute
+        # MoeFfn's own checks, here too so that a meta-device build fails at construction
+        self.recompute = cf.moe_ffn_options(backward, recompute, wgrad, main_grad, kept_rows)
         self.hidden, self.ffn, self.num_experts, self.topk = hidden, ffn, num_experts, topk
         self.max_tokens, self.imbalance, self.backward = max_tokens, imbalance, backward
+        self.wgrad, self.main_grad, self.kept_rows = wgrad, main_grad, kept_rows
         device = _default_device(device)
         el = num_experts // w
         self.w1 = nn.Parameter(torch.empty(el, 2 * ffn, hidden, dtype=dtype, device=device))
@@ -159,7 +180,8 @@ class MoeExperts(nn.Module):
             self._layer.close()
         self._layer = cf.MoeFfn(self.w1, self.w2, num_experts=self.num_experts, topk=self.topk,
                                 max_tokens=self.max_tokens, imbalance=self.imbalance, backward=self.backward,
-                                recompute=self.recompute)
+                                recompute=self.recompute, wgrad=self.wgrad, main_grad=self.main_grad,
+                                kept_rows=self.kept_rows)
         return self
 
     def forward(self, x, topk_ids, topk_w):
@@ -179,8 +201,9 @@ class MoeExperts(nn.Module):
 
     def extra_repr(self):
         return ("hidden=%d, ffn=%d, num_experts=%d (this rank: %d), topk=%d, max_tokens=%d, backward=%s, "
-                "recompute=%s" % (self.hidden, self.ffn, self.num_experts, self.w1.shape[0], self.topk,
-                                  self.max_tokens, self.backward, self.recompute))
+                "recompute=%s, kept_rows=%s, wgrad=%s, main_grad=%s" % (
+                    self.hidden, self.ffn, self.num_experts, self.w1.shape[0], self.topk, self.max_tokens,
+                    self.backward, self.recompute, self.kept_rows, self.wgrad, self.main_grad))
 
 
 def router_weights(logits, topk_ids, topk_w, score="softmax", normalize=True, bias=None, drops=True):
@@ -217,11 +240,19 @@ class MoeLayer(nn.Module):
     expert_bias; training forwards count the tokens each expert got (summed over the Team by
     update_expert_bias, which applies bias += rate * sign(mean - load) and resets the count; call it
     once a step, after the optimizer's). last_tokens_per_expert / last_dropped: the last forward's
-    statistics (GPU tensors, no host sync)."""
+    statistics (GPU tensors, no host sync).
+
+    imbalance, backward, recompute and the keyword-only wgrad ("ccfuse" | "torch"), main_grad
+    (Megatron's gradient-accumulation fusion, eager only) and kept_rows (the kept h's rows with
+    recompute=False; None: the default) go to the experts (MoeExperts, then torch_ops.MoeFfn),
+    with their defaults, meaning and checks (MoeExperts' docstring); they show in the experts'
+    repr. main_grad=True: give self.experts.w1 and self.experts.w2 their fp32 `main_grad` (and
+    `grad_added_to_main_grad`) as MoeExperts says; the gate's gradient stays autograd's (.grad)."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, score="softmax", normalize=True,
                  capacity_factor=0.0, drop="position", bias_update_rate=0.0, imbalance=0.0, backward="fused",
-                 recompute=None, dtype=torch.bfloat16, device=None):
+                 recompute=None, dtype=torch.bfloat16, device=None, *, wgrad="ccfuse", main_grad=False,
+                 kept_rows=None):
         super().__init__()
         if score not in ("softmax", "sigmoid"):
             raise ValueError("score must be 'softmax' or 'sigmoid', got %r" % (score,))
@@ -233,7 +264,8 @@ class MoeLayer(nn.Module):
         self.topk, self.score, self.normalize = topk, score, normalize
         self.capacity_factor, self.drop, self.bias_update_rate = float(capacity_factor), drop, float(bias_update_rate)
         self.experts = MoeExperts(hidden, ffn, num_experts, topk, max_tokens, imbalance=imbalance,
-                                  backward=backward, recompute=recompute, dtype=dtype, device=device)
+                                  backward=backward, recompute=recompute, dtype=dtype, device=device,
+                                  wgrad=wgrad, main_grad=main_grad, kept_rows=kept_rows)
         self.gate = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32, device=device))
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
         # the step's count, not state: left out of state_dict

@@ -625,6 +625,36 @@ def row_parallel_linear(x, weight, bias=None, sequence_parallel=True):
     return y if bias is None else y + bias
 
 
+def moe_ffn_options(backward="fused", recompute=None, wgrad="ccfuse", main_grad=False, kept_rows=None):
+    """MoeFfn's options checked (ValueError naming the argument and the rule it broke); returns
+    recompute resolved (None: False with backward="fused", True with "unfused"). MoeFfn and the
+    layers (ccfuse.layers.MoeExperts, at construction even on the meta device) call it."""
+    if wgrad not in ("torch", "ccfuse"):
+        raise ValueError("wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got %r"
+                         % (wgrad,))
+    if not isinstance(main_grad, bool):
+        raise ValueError("main_grad must be True (add the weight gradients into w.main_grad) or False, got %r"
+                         % (main_grad,))
+    if main_grad and backward != "fused":
+        raise ValueError("main_grad=True is built for backward='fused'; backward=%r returns the weight "
+                         "gradients" % (backward,))
+    if backward not in ("unfused", "fused"):
+        raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
+                         "got %r" % (backward,))
+    if recompute is None:  # keep h where the backward can read it (bounded: kept_rows)
+        recompute = backward != "fused"
+    if not isinstance(recompute, bool):
+        raise ValueError("recompute must be True (the backward recomputes h) or False (the forward keeps h), "
+                         "got %r" % (recompute,))
+    if not recompute and backward != "fused":
+        raise ValueError("recompute=False keeps h for backward='fused'; backward=%r recomputes it" % (backward,))
+    if kept_rows is not None and (recompute or isinstance(kept_rows, bool) or not isinstance(kept_rows, int)
+                                  or kept_rows < 1):
+        raise ValueError("kept_rows must be a positive int with recompute=False (the rows of the kept h), or "
+                         "None; got %r with recompute=%r" % (kept_rows, recompute))
+    return recompute
+
+
 class MoeFfn:
     """The expert-parallel SwiGLU MoE FFN over this rank's experts (E / W of them, contiguous).
 
@@ -667,29 +697,7 @@ class MoeFfn:
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=None,
                  wgrad="ccfuse", main_grad=False, kept_rows=None):
         lib = _need_lib()
-        if wgrad not in ("torch", "ccfuse"):
-            raise ValueError("wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got %r"
-                             % (wgrad,))
-        if not isinstance(main_grad, bool):
-            raise ValueError("main_grad must be True (add the weight gradients into w.main_grad) or False, got %r"
-                             % (main_grad,))
-        if main_grad and backward != "fused":
-            raise ValueError("main_grad=True is built for backward='fused'; backward=%r returns the weight "
-                             "gradients" % (backward,))
-        if backward not in ("unfused", "fused"):
-            raise ValueError("backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), "
-                             "got %r" % (backward,))
-        if recompute is None:  # keep h where the backward can read it (bounded: kept_rows)
-            recompute = backward != "fused"
-        if not isinstance(recompute, bool):
-            raise ValueError("recompute must be True (the backward recomputes h) or False (the forward keeps h), "
-                             "got %r" % (recompute,))
-        if not recompute and backward != "fused":
-            raise ValueError("recompute=False keeps h for backward='fused'; backward=%r recomputes it" % (backward,))
-        if kept_rows is not None and (recompute or isinstance(kept_rows, bool) or not isinstance(kept_rows, int)
-                                      or kept_rows < 1):
-            raise ValueError("kept_rows must be a positive int with recompute=False (the rows of the kept h), or "
-                             "None; got %r with recompute=%r" % (kept_rows, recompute))
+        recompute = moe_ffn_options(backward, recompute, wgrad, main_grad, kept_rows)
         _check("w1", w1, 3)
         _check("w2", w2, 3)
         e_local, two_f, h = w1.shape

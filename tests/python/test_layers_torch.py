@@ -54,8 +54,12 @@ class StubLib:
 class TorchExperts:
     """torch_ops.MoeFfn's contract at W = 1 in plain torch (differentiable)."""
 
-    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True):
+    def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True,
+                 wgrad="ccfuse", main_grad=False, kept_rows=None):
         self._w1_src, self.w2, self.closed, self.recompute = w1, w2, False, recompute
+        self.options = dict(num_experts=num_experts, topk=topk, max_tokens=max_tokens, imbalance=imbalance,
+                            backward=backward, recompute=recompute, wgrad=wgrad, main_grad=main_grad,
+                            kept_rows=kept_rows)
 
     def __call__(self, x, topk_ids, topk_w):
         f = self.w2.shape[2]
@@ -219,10 +223,9 @@ class Layers(unittest.TestCase):
         cases += [
             (lambda: layers.MoeLayer(16, 8, 4, 5, 32, device="cpu"), "topk 5 must be in [1, num_experts 4]"),
             (lambda: layers.MoeExperts(16, 8, 4, 2, 32, backward="fast", device="meta"),
-             "backward must be 'fused' or 'unfused', got 'fast'"),
+             "backward must be 'unfused' (ccfuse.moe_grad) or 'fused' (ccfuse's MoeFfnBackward), got 'fast'"),
             (lambda: layers.MoeExperts(16, 8, 4, 2, 32, backward="unfused", recompute=False, device="meta"),
-             "recompute must be True, or False (the forward keeps h) with backward='fused'; got recompute=False, "
-             "backward='unfused'"),
+             "recompute=False keeps h for backward='fused'; backward='unfused' recomputes it"),
             (lambda: layers.MoeLayer(16, 8, 4, 2, 32, score="relu", device="cpu"),
              "score must be 'softmax' or 'sigmoid', got 'relu'"),
             (lambda: layers.MoeLayer(16, 8, 4, 2, 32, capacity_factor=-1, device="cpu"),
@@ -251,6 +254,145 @@ class Layers(unittest.TestCase):
         ex(self.randn(5, 16), torch.zeros(5, 2, dtype=torch.int32), torch.full((5, 2), 0.5, dtype=torch.float64))
         self.assertTrue(first.closed)
         self.assertIs(ex._layer._w1_src, ex.w1)
+
+    # ---- the MoeFfn options the layers pass through: wgrad, main_grad, kept_rows ----
+
+    def test_moe_options_reach_moeffn(self):
+        layers = self.layers
+        default = layers.MoeExperts(16, 8, 4, 2, 32, dtype=torch.float64, device="cpu")
+        self.assertEqual(default._layer.options, dict(num_experts=4, topk=2, max_tokens=32, imbalance=0.0,
+                                                      backward="fused", recompute=False, wgrad="ccfuse",
+                                                      main_grad=False, kept_rows=None))  # MoeFfn's defaults
+        ex = layers.MoeExperts(16, 8, 4, 2, 32, imbalance=1.5, wgrad="torch", main_grad=True, kept_rows=40,
+                               dtype=torch.float64, device="cpu")
+        want = dict(num_experts=4, topk=2, max_tokens=32, imbalance=1.5, backward="fused", recompute=False,
+                    wgrad="torch", main_grad=True, kept_rows=40)
+        self.assertEqual(ex._layer.options, want)
+        self.assertEqual((ex.wgrad, ex.main_grad, ex.kept_rows), ("torch", True, 40))
+        # a replaced Parameter makes a new MoeFfn at the next forward: with the same options
+        ex.w1 = torch.nn.Parameter(ex.w1.detach().clone())
+        ex(self.randn(5, 16), torch.zeros(5, 2, dtype=torch.int32), torch.full((5, 2), 0.5, dtype=torch.float64))
+        self.assertIs(ex._layer._w1_src, ex.w1)
+        self.assertEqual(ex._layer.options, want)
+        # a meta-device build: nothing made until materialize(), which passes them
+        meta = layers.MoeExperts(16, 8, 4, 2, 32, wgrad="torch", kept_rows=128, dtype=torch.float64, device="meta")
+        self.assertIsNone(meta._layer)
+        meta.to_empty(device="cpu")
+        meta.reset_parameters()
+        meta.materialize()
+        self.assertEqual((meta._layer.options["wgrad"], meta._layer.options["main_grad"],
+                          meta._layer.options["kept_rows"]), ("torch", False, 128))
+        # MoeLayer: through its experts; with backward="unfused" (recompute True) as well
+        moe = layers.MoeLayer(16, 8, 4, 2, 32, backward="unfused", wgrad="torch", dtype=torch.float64, device="cpu")
+        self.assertEqual(moe.experts._layer.options, dict(num_experts=4, topk=2, max_tokens=32, imbalance=0.0,
+                                                          backward="unfused", recompute=True, wgrad="torch",
+                                                          main_grad=False, kept_rows=None))
+        moe = layers.MoeLayer(16, 8, 4, 2, 32, imbalance=2.0, recompute=False, wgrad="ccfuse", main_grad=True,
+                              kept_rows=256, dtype=torch.float64, device="cpu")
+        self.assertEqual(moe.experts._layer.options, dict(num_experts=4, topk=2, max_tokens=32, imbalance=2.0,
+                                                          backward="fused", recompute=False, wgrad="ccfuse",
+                                                          main_grad=True, kept_rows=256))
+        y = moe(self.randn(6, 16))  # the stand-in runs: the options change nothing the layer computes itself
+        self.assertEqual(tuple(y.shape), (6, 16))
+
+    def test_moe_options_keyword_only(self):
+        # keyword-only: dtype and device keep their positions after recompute
+        with self.assertRaises(TypeError):
+            self.layers.MoeExperts(16, 8, 4, 2, 32, 0.0, "fused", None, torch.float64, "cpu", "torch")
+        ex = self.layers.MoeExperts(16, 8, 4, 2, 32, 0.0, "fused", None, torch.float64, "cpu", wgrad="torch")
+        self.assertEqual((ex.w1.dtype, ex._layer.options["wgrad"]), (torch.float64, "torch"))
+
+    def test_moe_option_errors(self):
+        """Bad options raise torch_ops.MoeFfn's own ValueError (naming the argument and the rule),
+        from MoeExperts and MoeLayer alike, a meta-device build at construction too."""
+        cf, layers = self.cf, self.layers
+        cf.MoeFfn = self.saved[1]  # the real MoeFfn: its option checks run before it needs a GPU
+        cases = [
+            (dict(wgrad="cublas"), "wgrad",
+             "wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got 'cublas'"),
+            (dict(wgrad=None), "wgrad",
+             "wgrad must be 'torch' (torch._grouped_mm) or 'ccfuse' (the K-grouped GEMM), got None"),
+            (dict(main_grad=1), "main_grad",
+             "main_grad must be True (add the weight gradients into w.main_grad) or False, got 1"),
+            (dict(main_grad="yes"), "main_grad",
+             "main_grad must be True (add the weight gradients into w.main_grad) or False, got 'yes'"),
+            (dict(main_grad=True, backward="unfused"), "main_grad",
+             "main_grad=True is built for backward='fused'; backward='unfused' returns the weight gradients"),
+            (dict(kept_rows=0), "kept_rows",
+             "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; got 0 with "
+             "recompute=False"),
+            (dict(kept_rows=-128), "kept_rows",
+             "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; got -128 "
+             "with recompute=False"),
+            (dict(kept_rows=True), "kept_rows",
+             "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; got True "
+             "with recompute=False"),
+            (dict(kept_rows=256.0), "kept_rows",
+             "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; got 256.0 "
+             "with recompute=False"),
+            (dict(kept_rows=256, recompute=True), "kept_rows",
+             "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; got 256 "
+             "with recompute=True"),
+            (dict(kept_rows=256, backward="unfused"), "kept_rows",  # unfused: recompute None -> True
+             "kept_rows must be a positive int with recompute=False (the rows of the kept h), or None; got 256 "
+             "with recompute=True"),
+        ]
+        for kwargs, name, msg in cases:
+            self.assertIn(name, msg)
+            for build in (lambda: layers.MoeExperts(16, 8, 4, 2, 32, device="cpu", **kwargs),
+                          lambda: layers.MoeLayer(16, 8, 4, 2, 32, device="cpu", **kwargs)):
+                with self.assertRaises(ValueError) as e:
+                    build()
+                self.assertEqual(str(e.exception), msg, kwargs)
+            with self.assertRaises(ValueError) as e:  # a meta-device build: at construction too
+                layers.MoeExperts(16, 8, 4, 2, 32, device="meta", **kwargs)
+            self.assertEqual(str(e.exception), msg, kwargs)
+        # good options get past MoeFfn's option checks (to its tensor checks: a CPU tensor is refused)
+        for kwargs in (dict(), dict(wgrad="torch", main_grad=True, kept_rows=1), dict(recompute=True),
+                       dict(backward="unfused", wgrad="torch")):
+            with self.assertRaises(ValueError) as e:
+                layers.MoeExperts(16, 8, 4, 2, 32, device="cpu", **kwargs)
+            self.assertEqual(str(e.exception), "w1 must be a CUDA tensor, got device cpu", kwargs)
+
+    def test_main_grad_setup(self):
+        """The setup MoeExperts' docstring gives a Megatron-style caller is what MoeFfn checks at the
+        forward and the backward (torch_ops._check_main_grad): on the module's own Parameters."""
+        cf = self.cf
+        moe = self.layers.MoeLayer(16, 8, 4, 2, 32, main_grad=True, device="cpu")
+        ex = moe.experts
+        self.assertIs(ex._layer._w1_src, ex.w1)  # what MoeFfn reads main_grad from
+        self.assertIs(ex._layer.w2, ex.w2)
+        with self.assertRaises(ValueError) as e:
+            cf._check_main_grad("w1", ex.w1)
+        self.assertEqual(str(e.exception), "w1 has no main_grad: MoeFfn(main_grad=True) adds the weight gradients "
+                         "into an fp32 w.main_grad shaped like the weight (Megatron's DDP allocates it)")
+        for w in (ex.w1, ex.w2):
+            w.main_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+            w.grad_added_to_main_grad = False
+        cf._check_main_grad("w1", ex.w1)
+        cf._check_main_grad("w2", ex.w2)
+        ex.w2.main_grad = torch.zeros(ex.w2.shape, dtype=torch.bfloat16)  # not fp32
+        with self.assertRaises(ValueError) as e:
+            cf._check_main_grad("w2", ex.w2)
+        self.assertIn("w2.main_grad must be float32", str(e.exception))
+        # Megatron's convention for what autograd gets: a dummy and the flag set
+        dummy = cf._main_grad_result(ex.w1)
+        self.assertTrue(ex.w1.grad_added_to_main_grad)
+        self.assertEqual((tuple(dummy.shape), dummy.dtype), (tuple(ex.w1.shape), ex.w1.dtype))
+
+    def test_moe_options_in_repr(self):
+        layers = self.layers
+        ex = layers.MoeExperts(16, 8, 4, 2, 32, dtype=torch.float64, device="cpu")
+        self.assertEqual(ex.extra_repr(), "hidden=16, ffn=8, num_experts=4 (this rank: 4), topk=2, max_tokens=32, "
+                         "backward=fused, recompute=False, kept_rows=None, wgrad=ccfuse, main_grad=False")
+        moe = layers.MoeLayer(16, 8, 4, 2, 32, wgrad="torch", main_grad=True, kept_rows=256, dtype=torch.float64,
+                              device="cpu")
+        self.assertIn("recompute=False, kept_rows=256, wgrad=torch, main_grad=True", moe.experts.extra_repr())
+        self.assertIn("(experts): MoeExperts(hidden=16, ffn=8, num_experts=4 (this rank: 4), topk=2, max_tokens=32, "
+                      "backward=fused, recompute=False, kept_rows=256, wgrad=torch, main_grad=True)", repr(moe))
+        meta = layers.MoeExperts(16, 8, 4, 2, 32, backward="unfused", wgrad="torch", device="meta")
+        self.assertIn("backward=unfused, recompute=True, kept_rows=None, wgrad=torch, main_grad=False",
+                      meta.extra_repr())
 
 
 if __name__ == "__main__":
