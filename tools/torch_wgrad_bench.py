@@ -82,9 +82,9 @@ def case_setup(torch, case, out_elem_bytes, seed):
     return dev, e, m, n, total, rows, counts, offs, sets, uniform, ins
 
 
-def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
+def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_accum="", ab_tile=""):
     if accumulate:
-        return run_accumulate_case(torch, lib, case, iters, inject_fault)
+        return run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum)
     dev, e, m, n, total, rows, counts, offs, sets, _, ins = case_setup(torch, case, 2, 7)
     out_bytes = 2 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
@@ -111,7 +111,15 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
         ok = ok and res["empty_expert_zero"]
     res["ccfuse_ok"] = bool(ok)
     del ref_t
-    t_torch, t_ours = timed_interleaved(torch, [theirs, lambda i: ours(i, outs[i % 2])], iters)
+    fns = [theirs, lambda i: ours(i, outs[i % 2])]
+    if ab_tile:  # the same launch with another K-grouped tile (CCFUSE_KGROUPED_TILE), in the same rounds
+        fns.append(with_env("CCFUSE_KGROUPED_TILE", ab_tile, lambda i: ours(i, outs[i % 2])))
+    times = timed_interleaved(torch, fns, iters)
+    t_torch, t_ours = times[0], times[1]
+    if ab_tile:  # > 1: the default tile is faster than ab_tile
+        kb = [-(-r // 64) for r in rows]
+        res.update(ab_tile=ab_tile, t_ccfuse_ab_ms=times[2], speedup_vs_ab=times[2] / t_ours,
+                   mean_kblocks_per_tile=sum(kb) / len(kb))
     flops = 2.0 * total * m * n
     res.update(t_torch_ms=t_torch, t_ccfuse_ms=t_ours, speedup_vs_torch=t_torch / t_ours,
                tflops_torch=flops / (t_torch * 1e9), tflops_ccfuse=flops / (t_ours * 1e9),
@@ -122,7 +130,22 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False):
     return res
 
 
-def run_accumulate_case(torch, lib, case, iters, inject_fault):
+def with_env(name, value, fn):
+    """fn with os.environ[name] = value for its call (the library reads its A/B switches per call)."""
+    def run(i):
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            fn(i)
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+    return run
+
+
+def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum=""):
     dev, e, m, n, total, rows, counts, offs, sets, uniform, ins = case_setup(torch, case, 4, 11)
     acc_bytes = 4 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
@@ -156,21 +179,25 @@ def run_accumulate_case(torch, lib, case, iters, inject_fault):
         ok = ok and res["empty_expert_unchanged"]
     res["ccfuse_ok"] = bool(ok)
     del ref_t, got
-    fns = [theirs, ours]
+    fns = {"torch": theirs, "ccfuse": ours}
     try:
         theirs_f32(0)
-        fns.append(theirs_f32)
+        fns["torch_f32"] = theirs_f32
     except Exception as ex:  # noqa: BLE001 - this torch's grouped GEMM has no fp32 output
         res["torch_f32_out"] = "unsupported: %s" % (str(ex).splitlines() or [type(ex).__name__])[0][:160]
-    times = timed_interleaved(torch, fns, iters)
-    t_torch, t_ours = times[0], times[1]
+    if ab_accum:  # the same launch with the library's other accumulate epilogue, in the same rounds
+        fns["ab"] = with_env("CCFUSE_KGROUPED_ACCUM", ab_accum, ours)
+    times = dict(zip(fns, timed_interleaved(torch, list(fns.values()), iters)))
+    t_torch, t_ours = times["torch"], times["ccfuse"]
     flops = 2.0 * total * m * n
     res.update(t_torch_ms=t_torch, t_ccfuse_ms=t_ours, speedup_vs_torch=t_torch / t_ours,
                tflops_torch=flops / (t_torch * 1e9), tflops_ccfuse=flops / (t_ours * 1e9),
                out_gbps_torch=2 * acc_bytes / (t_torch * 1e6), out_gbps_ccfuse=2 * acc_bytes / (t_ours * 1e6),
-               group_rows=rows, rotated_sets=sets, accum_mode=os.environ.get("CCFUSE_KGROUPED_ACCUM", "red"))
-    if len(times) > 2:
-        res.update(t_torch_f32_ms=times[2], speedup_vs_torch_f32=times[2] / t_ours)
+               group_rows=rows, rotated_sets=sets, accum_mode=os.environ.get("CCFUSE_KGROUPED_ACCUM", "tma"))
+    if "torch_f32" in times:
+        res.update(t_torch_f32_ms=times["torch_f32"], speedup_vs_torch_f32=times["torch_f32"] / t_ours)
+    if "ab" in times:  # > 1: the default (accum_mode) is faster than ab_accum_mode
+        res.update(ab_accum_mode=ab_accum, t_ccfuse_ab_ms=times["ab"], speedup_vs_ab=times["ab"] / t_ours)
     del ins, acc, theirs_acc
     torch.cuda.empty_cache()
     return res
@@ -185,6 +212,10 @@ def main():
     p.add_argument("--inject-fault", action="store_true", help="corrupt one element of ccfuse's output")
     p.add_argument("--accumulate", action="store_true",
                    help="the fp32 main_grad form: ccfuse's += against main_grad.add_(torch._grouped_mm(...))")
+    p.add_argument("--ab-tile", default="", choices=["", "pingpong", "128", "256"],
+                   help="without --accumulate: also time ccfuse with CCFUSE_KGROUPED_TILE=this (same rounds)")
+    p.add_argument("--ab-accum", default="", choices=["", "red", "rmw", "tma"],
+                   help="with --accumulate: also time ccfuse with CCFUSE_KGROUPED_ACCUM=this (same rounds)")
     args = p.parse_args()
     import torch
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -205,14 +236,18 @@ def main():
                        name=case["name"].replace("-up-", "-dW1-").replace("-down-", "-dW2-"),
                        tokens_per_gpu=case["tokens_per_gpu"])
             try:
-                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault, args.accumulate))
+                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault, args.accumulate, args.ab_accum,
+                                    args.ab_tile))
                 ratios.append(rec["speedup_vs_torch"])
                 print("%-22s %-10s torch %8.4f ms (%5.1f TFLOP/s, %5.0f GB/s out)  ccfuse %8.4f ms (%5.1f TFLOP/s, "
                       "%5.0f GB/s out)  x%.3f  %s" % (
                           rec["name"], rec["routing"], rec["t_torch_ms"], rec["tflops_torch"], rec["out_gbps_torch"],
                           rec["t_ccfuse_ms"], rec["tflops_ccfuse"], rec["out_gbps_ccfuse"], rec["speedup_vs_torch"],
                           "ok" if rec["ccfuse_ok"] else "WRONG")
-                      + ("  (torch fp32-out %.4f ms)" % rec["t_torch_f32_ms"] if "t_torch_f32_ms" in rec else ""),
+                      + ("  (torch fp32-out %.4f ms)" % rec["t_torch_f32_ms"] if "t_torch_f32_ms" in rec else "")
+                      + ("  (ccfuse %s %.4f ms: x%.3f)" % (rec.get("ab_accum_mode") or rec.get("ab_tile"),
+                                                          rec["t_ccfuse_ab_ms"], rec["speedup_vs_ab"])
+                         if "t_ccfuse_ab_ms" in rec else ""),
                       flush=True)
                 if not rec["ccfuse_ok"]:
                     wrong.append("%s %s" % (rec["name"], rec["routing"]))

@@ -25,6 +25,41 @@ __global__ void grouped_prefix_kernel(const int* group_rows, int num_groups, int
                             row_prefix, overflow, int(threadIdx.x));
 }
 
+// The grouped forms' prefix arrays: [num_groups + 1] int64 row prefix, [num_groups + 1] int tile
+// prefix, 16 bytes of slack; then (grouped_workspace_bytes) a 64-byte aligned tensor-map slot.
+size_t grouped_prefix_bytes(int num_groups) { return size_t(num_groups + 1) * (sizeof(int64_t) + sizeof(int)) + 16; }
+CUtensorMap* tensor_map_slot(void* workspace, int num_groups) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(workspace) + grouped_prefix_bytes(num_groups);
+  return reinterpret_cast<CUtensorMap*>((at + 63) & ~uintptr_t(63));
+}
+
+// Copies a tensor map into global memory (one warp, 8 bytes a lane) and orders the writes before
+// the tensor-map proxy's reads of it (the GEMM after it acquires it).
+__global__ void store_tensor_map_kernel(const __grid_constant__ CUtensorMap map, CUtensorMap* dst) {
+  const int i = int(threadIdx.x);
+  if (i < int(sizeof(CUtensorMap) / 8))
+    reinterpret_cast<uint64_t*>(dst)[i] = reinterpret_cast<const uint64_t*>(&map)[i];
+  asm volatile("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
+}
+
+// The accumulating K-grouped GEMM's TMA reduce-add map (sm90::AccumF32Epilogue::reduce_map): c32
+// [groups * m, n] fp32 seen as [groups, m, n], so that a box's rows past its group's m are clipped
+// there; box [1, 64, 32] (one consumer warpgroup's rows, 128-byte rows), 128-byte swizzle.
+CUtensorMap make_accum_reduce_map(float* c32, int groups, int64_t m, int64_t n) {
+  using Epi = sm90::AccumF32Epilogue;
+  static const auto encode = CCFUSE_DRIVER_FN(cuTensorMapEncodeTiled, true);
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {cuuint64_t(n), cuuint64_t(m), cuuint64_t(groups)};
+  const cuuint64_t strides[2] = {cuuint64_t(n) * sizeof(float), cuuint64_t(m) * cuuint64_t(n) * sizeof(float)};
+  const cuuint32_t box[3] = {Epi::kReduceCols, Epi::kReduceRows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  detail::driver_check(encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, c32, dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                       "cuTensorMapEncodeTiled (the accumulating K-grouped GEMM's fp32 C)");
+  return map;
+}
+
 
 int64_t lda_of(const GemmDesc& d) { return d.lda ? d.lda : d.k; }
 int64_t ldb_of(const GemmDesc& d) { return d.ldb ? d.ldb : (d.b_layout == BLayout::kKN ? d.n : d.k); }
@@ -711,7 +746,8 @@ GemmConfig choose_config(const GroupedGemmDesc& d, int num_sms, double mem_gbps)
 }
 
 size_t grouped_workspace_bytes(const GroupedGemmDesc& d) {
-  return size_t(d.num_groups + 1) * (sizeof(int64_t) + sizeof(int)) + 16;
+  // + the tensor-map slot (the accumulating K-grouped form's) and its alignment to 64 bytes
+  return grouped_prefix_bytes(d.num_groups) + 64 + sizeof(CUtensorMap);
 }
 
 namespace {
@@ -768,9 +804,17 @@ void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const voi
     sm90::AccumF32Epilogue epi;
     epi.c32 = static_cast<float*>(c);
     epi.ld32 = d.n;
-    // CCFUSE_KGROUPED_ACCUM (an A/B switch for the benches, not a setting): rmw, else red.
-    const char* mode = std::getenv("CCFUSE_KGROUPED_ACCUM");
-    epi.rmw = mode != nullptr && std::string(mode) == "rmw";
+    // CCFUSE_KGROUPED_ACCUM (an A/B switch for the benches, not a setting): red or rmw (the
+    // register forms), else the TMA reduce-adds.
+    const char* env = std::getenv("CCFUSE_KGROUPED_ACCUM");
+    const std::string mode = env != nullptr ? env : "";
+    epi.rmw = mode == "rmw";
+    if (mode != "red" && mode != "rmw") {
+      CUtensorMap* slot = tensor_map_slot(workspace, d.num_groups);
+      store_tensor_map_kernel<<<1, 32, 0, stream>>>(make_accum_reduce_map(epi.c32, d.num_groups, d.m, d.n), slot);
+      CCFUSE_CUDA_CHECK_LAUNCH();
+      epi.reduce_map = slot;
+    }
     epi.skip_no_k = true;
     launch(epi);
   }

@@ -1476,8 +1476,9 @@ struct KGroupedCase {
   int64_t extra_capacity;  // max_rows = sum(rows) + this; negative: rows dropped on purpose
   DType dtype = DType::kBFloat16;
   int num_sms = 0;
-  // 0: C = A^T B (bf16/fp16); 1: C (fp32) += A^T B by red.global.add; 2: the same by load-add-store
-  // (CCFUSE_KGROUPED_ACCUM=rmw). block_n 256 / 128 then name the register tiles /4 and /6.
+  // 0: C = A^T B (bf16/fp16); 1: C (fp32) += A^T B by TMA reduce-adds (the default); 2: the same
+  // by load-add-store (CCFUSE_KGROUPED_ACCUM=rmw); 3: by red.global.add (=red). block_n 256 / 128
+  // then name the register tiles /4 and /6.
   int accumulate = 0;
 };
 void PrintTo(const KGroupedCase& c, std::ostream* os) { *os << c.name; }
@@ -1516,6 +1517,7 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   }
   const char* accum_env = "CCFUSE_KGROUPED_ACCUM";
   if (kc.accumulate == 2) setenv(accum_env, "rmw", 1);
+  else if (kc.accumulate == 3) setenv(accum_env, "red", 1);
   else unsetenv(accum_env);
   std::random_device rd;
   const uint64_t seed = rd();
@@ -1636,6 +1638,11 @@ std::vector<KGroupedCase> kgrouped_cases() {
     out.push_back({"accum_mixed" + s, mixed, 256, 512, bn, 0, DType::kBFloat16, 0, 1});
     out.push_back({"accum_cut_m_n" + s, mixed, 200, 264, bn, 8, DType::kBFloat16, 0, 1});
     out.push_back({"accum_rmw_mixed" + s, mixed, 256, 512, bn, 0, DType::kBFloat16, 0, 2});
+    out.push_back({"accum_red_cut_m_n" + s, mixed, 200, 264, bn, 8, DType::kBFloat16, 0, 3});
+    // m = 56: a tile's second warpgroup has no rows of its group; m = 72: 8 of them (the map clips
+    // the rest at the group, not at C's end).
+    out.push_back({"accum_m56" + s, mixed, 56, 264, bn, 0, DType::kBFloat16, 0, 1});
+    out.push_back({"accum_m72_n40" + s, mixed, 72, 40, bn, 0, DType::kBFloat16, 0, 1});
   }
   out.push_back({"accum_fp16_zipf64", zipf, 768, 1024, 0, 40, DType::kFloat16, 0, 1});
   out.push_back({"accum_nan_after_last_tail", {100, 37}, 256, 256, 0, 64, DType::kBFloat16, 0, 1});

@@ -509,14 +509,26 @@ struct ActivationEpilogue : PlainEpilogue {
 // rounding of each micro-batch's gradient, no separate add kernel). Register epilogue only
 // (Traits::kTmaStore off; store_tile -> accumulate_block_f32). Every element of c32 gets exactly one
 // add per launch (one tile owns it), so the result does not depend on the order of the adds.
-// rmw = false: one red.global.add.v2.f32 per pair of columns (fire and forget, the L2 does the
-// read-modify-write); true: a load, an add and a store per pair (A/B: CCFUSE_KGROUPED_ACCUM=rmw).
+// reduce_map set (the default of the K-grouped form): the tile leaves through TMA reduce-adds
+// (reduce_tile_f32_tma): each consumer warpgroup stages its 64 rows in [64, 32] fp32 sub-tiles
+// (kExtraSmemBytes past SharedStorage: a ring of kReduceSlots a warpgroup) and one of its threads
+// issues cp.reduce.async.bulk.tensor .add for each, so whole 128-byte lines reach the L2 and the
+// adds finish while the next tile's mainloop runs. reduce_map: a CUtensorMap in global memory
+// (64-byte aligned, make_accum_reduce_map's layout: c32 as [groups, group_rows, n], box
+// [1, 64, 32], 128-byte swizzle), so rows past a group's end are clipped at the group.
+// reduce_map null, the register forms: rmw = false: one red.global.add.v2.f32 per pair of columns
+// (fire and forget, the L2 does the read-modify-write); true: a load, an add and a store per pair
+// (A/B: CCFUSE_KGROUPED_ACCUM=red / rmw).
 // skip_no_k: K-grouped tiles of a group without rows add nothing (leave c32 as it is).
 struct AccumF32Epilogue : PlainEpilogue {
   static constexpr bool kTmaStoreOk = false;
   static constexpr bool kAccumF32 = true;
+  static constexpr int kReduceRows = 64, kReduceCols = 32, kReduceSlots = 2;
+  static constexpr int kReduceSlotBytes = kReduceRows * kReduceCols * int(sizeof(float));
+  static constexpr int kExtraSmemBytes = 2 * kReduceSlots * kReduceSlotBytes;  // two consumer warpgroups
   float* c32 = nullptr;
   int64_t ld32 = 0;
+  const void* reduce_map = nullptr;
   bool rmw = false;
   bool skip_no_k = false;
 };
@@ -735,6 +747,65 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// AccumF32Epilogue with a reduce_map (K-grouped tiles: w.group, w.m_tile): consumer warpgroup
+// consumer_idx / 128 adds its 64 rows of the tile into c32 through TMA reduce-adds of [64, 32]
+// fp32 sub-tiles, staged in `ring` (kReduceSlots slots of the warpgroup's, 1 KiB aligned: the
+// 128-byte swizzle). Its thread 0 issues them and waits, before a slot is written again, until
+// the reduce that read it last has read it (cp.async.bulk.wait_group.read; the groups are that
+// thread's, in order: `seq` counts the sub-tiles the warpgroup has issued, the same in each of its
+// threads). The reduce-adds themselves complete asynchronously (the kernel's end waits for them).
+// Rows past the group's m and columns past n are clipped by the map.
+template <class Traits, class Epilogue, class Accum>
+__device__ __forceinline__ void reduce_tile_f32_tma(const Params<typename Traits::Element>& p, const Epilogue& epi,
+                                                    char* ring, const Accum& accum, int consumer_idx,
+                                                    const TileWork& w, uint32_t& seq) {
+  constexpr int kBN = Traits::kBlockN, kCols = Epilogue::kReduceCols, kSlots = Epilogue::kReduceSlots;
+  constexpr int kSlotBytes = Epilogue::kReduceSlotBytes;
+  static_assert(Traits::kBlockM / Traits::kConsumerWGs == Epilogue::kReduceRows && !Traits::kPingpong,
+                "one 64-row block a cooperative consumer warpgroup");
+  static_assert(kBN % kCols == 0 && kCols * sizeof(float) == 128, "sub-tiles of 128-byte rows (the swizzle width)");
+  static_assert(decltype(size(accum))::value == kBN / 2, "one 64-row wgmma tile");
+  if (epi.skip_no_k && w.k_rows == 0) return;
+  const int wg = consumer_idx / 128, t = consumer_idx % 128, lane = t % 32;
+  const int64_t rows = min_i64(w.row_end, p.m) - w.row0;  // the group's rows left from the tile's first
+  if (int64_t(wg) * Epilogue::kReduceRows >= rows) return;  // this warpgroup's rows are all past it
+  ring += wg * kSlots * kSlotBytes;
+  const int row = (t / 32) * 16 + lane / 4;  // in the warpgroup's block; and row + 8
+  const int swizzle = row % 8;               // = (row + 8) % 8
+  const int row_g = w.m_tile * Traits::kBlockM + wg * Epilogue::kReduceRows;  // in the group
+  CUTE_UNROLL
+  for (int s = 0; s < kBN / kCols; ++s) {
+    const int col = w.n_tile * kBN + s * kCols;
+    if (col >= p.n) break;  // the same in every thread
+    char* slot = ring + int(seq % kSlots) * kSlotBytes;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kSlots - 1) : "memory");
+    named_barrier_sync(3 + wg, 128);
+    CUTE_UNROLL
+    for (int jj = 0; jj < kCols / 8; ++jj) {
+      const int j = s * (kCols / 8) + jj;            // the fragment's 8-column group
+      const int chunk = 2 * jj + (lane % 4) / 2;     // the 16-byte chunk of the row the pair falls in
+      const int within = (lane % 2) * 8;
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int offset = (row + 8 * h) * 128 + ((chunk ^ swizzle) << 4) + within;
+        *reinterpret_cast<float2*>(slot + offset) = make_float2(accum(4 * j + 2 * h), accum(4 * j + 2 * h + 1));
+      }
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the TMA engine's reads
+    named_barrier_sync(3 + wg, 128);
+    if (t == 0) {
+      const uint32_t src = uint32_t(__cvta_generic_to_shared(slot));
+      asm volatile(
+          "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+              reinterpret_cast<uint64_t>(epi.reduce_map)),
+          "r"(src), "r"(col), "r"(row_g), "r"(w.group)
+          : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    ++seq;
+  }
 }
 
 // One 64-row block of a tile into the staging buffer `c_bytes`: the m64nNk16 fragment `frag` of
@@ -1231,9 +1302,18 @@ constexpr int send_smem_tail() {
   if constexpr (HasSendSmem<Epilogue>::value) return int((kMaxCtaSmem - int(Traits::kSmemBytes)) / 128 * 128);
   else return 0;
 }
+// Epilogue::kExtraSmemBytes: shared memory of the epilogue's own, past Traits::SharedStorage (whose
+// size is a multiple of 1 KiB: its buffers are 1 KiB aligned), e.g. AccumF32Epilogue's reduce ring.
+template <class E, class = void>
+struct ExtraSmem : std::integral_constant<int, 0> {};
+template <class E>
+struct ExtraSmem<E, std::void_t<decltype(E::kExtraSmemBytes)>> : std::integral_constant<int, E::kExtraSmemBytes> {};
 template <class Traits, class Epilogue>
 constexpr int dynamic_smem_bytes() {
-  return int(Traits::kSmemBytes) + send_smem_tail<Traits, Epilogue>();
+  static_assert(ExtraSmem<Epilogue>::value == 0 || !HasSendSmem<Epilogue>::value,
+                "the send warps' spare shared memory and an epilogue's own do not mix");
+  static_assert(Traits::kSmemBytes % 1024 == 0, "the epilogue's shared memory starts 1 KiB aligned");
+  return int(Traits::kSmemBytes) + send_smem_tail<Traits, Epilogue>() + ExtraSmem<Epilogue>::value;
 }
 
 template <class S, class = void>
@@ -1822,6 +1902,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     };
+    uint32_t reduce_seq = 0;  // AccumF32Epilogue's reduce ring: sub-tiles this warpgroup has issued
+    (void)reduce_seq;
+    if constexpr (HasAccumF32<Epilogue>::value) {
+      // The map was written in global memory by a kernel before this one (make_accum_reduce_map's
+      // caller): ordered before the tensor-map proxy's reads of it.
+      if (epi.reduce_map != nullptr && consumer_idx % 128 == 0)
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(epi.reduce_map) : "memory");
+    }
     for (int64_t t = unit_start; t < num_units; t += unit_stride) {
       const TileWork w = work_of(t);
       if constexpr (HasFixup<Schedule>::value) {
@@ -1950,6 +2038,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         } else {
           store_tile<Traits>(p, epi, accum, consumer_idx, w);
         }
+      } else if constexpr (HasAccumF32<Epilogue>::value) {
+        if (epi.reduce_map != nullptr)
+          reduce_tile_f32_tma<Traits>(p, epi, smem_raw + Traits::kSmemBytes, accum, consumer_idx, w, reduce_seq);
+        else
+          store_tile<Traits>(p, epi, accum, consumer_idx, w);
       } else {
         store_tile<Traits>(p, epi, accum, consumer_idx, w);
       }
@@ -1993,6 +2086,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kTmaStore) {
       // The staging buffer must outlive the last stores' reads of it.
       if (consumer_idx == 0) tma_store_wait<0>();
+    }
+    if constexpr (HasAccumF32<Epilogue>::value) {
+      // Each warpgroup's reduce ring must outlive its last reduce-adds (they complete here).
+      if (epi.reduce_map != nullptr && consumer_idx % 128 == 0)
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     }
     if constexpr (Epilogue::kHasTail) {
       griddep_wait();
