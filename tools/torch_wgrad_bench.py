@@ -84,7 +84,7 @@ def case_setup(torch, case, out_elem_bytes, seed):
 
 def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_accum="", ab_tile=""):
     if accumulate:
-        return run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum)
+        return run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum, ab_tile)
     dev, e, m, n, total, rows, counts, offs, sets, _, ins = case_setup(torch, case, 2, 7)
     out_bytes = 2 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
@@ -113,7 +113,7 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_accum="
     del ref_t
     fns = [theirs, lambda i: ours(i, outs[i % 2])]
     if ab_tile:  # the same launch with another K-grouped tile (CCFUSE_KGROUPED_TILE), in the same rounds
-        fns.append(with_env("CCFUSE_KGROUPED_TILE", ab_tile, lambda i: ours(i, outs[i % 2])))
+        fns.append(with_env({"CCFUSE_KGROUPED_TILE": ab_tile}, lambda i: ours(i, outs[i % 2])))
     times = timed_interleaved(torch, fns, iters)
     t_torch, t_ours = times[0], times[1]
     if ab_tile:  # > 1: the default tile is faster than ab_tile
@@ -130,22 +130,24 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_accum="
     return res
 
 
-def with_env(name, value, fn):
-    """fn with os.environ[name] = value for its call (the library reads its A/B switches per call)."""
+def with_env(env, fn):
+    """fn with the environment variables of dict `env` set for its call (the library reads its A/B
+    switches per call)."""
     def run(i):
-        old = os.environ.get(name)
-        os.environ[name] = value
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             fn(i)
         finally:
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     return run
 
 
-def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum=""):
+def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum="", ab_tile=""):
     dev, e, m, n, total, rows, counts, offs, sets, uniform, ins = case_setup(torch, case, 4, 11)
     acc_bytes = 4 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
@@ -177,6 +179,20 @@ def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum=""):
     if empty:  # left as it was: c0 - c0, exactly 0
         res["empty_expert_unchanged"] = bool((got[empty[0]] == 0).all().item())
         ok = ok and res["empty_expert_unchanged"]
+    ab_env = {k: v for k, v in (("CCFUSE_KGROUPED_ACCUM", ab_accum), ("CCFUSE_KGROUPED_TILE", ab_tile)) if v}
+    if ab_env:  # the A/B variant is checked the same way: one call into the zeroed buffer
+        got.zero_()
+        if empty:
+            got[empty[0]].fill_(float("nan"))  # must stay NaN: a group without rows adds nothing
+        with_env(ab_env, ours)(0)
+        ok_ab = True
+        if empty:
+            res["empty_expert_unchanged_ab"] = bool(torch.isnan(got[empty[0]]).all().item())
+            ok_ab = res["empty_expert_unchanged_ab"]
+            got[empty[0]].zero_()  # torch's gradient there: zeros
+        res_ab, ok_check, _ = check_experts(got, ref_t, ins[0], rows, 1e-3)
+        res.update({k + "_ab": v for k, v in res_ab.items()})
+        ok = ok and ok_ab and ok_check
     res["ccfuse_ok"] = bool(ok)
     del ref_t, got
     fns = {"torch": theirs, "ccfuse": ours}
@@ -185,8 +201,8 @@ def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum=""):
         fns["torch_f32"] = theirs_f32
     except Exception as ex:  # noqa: BLE001 - this torch's grouped GEMM has no fp32 output
         res["torch_f32_out"] = "unsupported: %s" % (str(ex).splitlines() or [type(ex).__name__])[0][:160]
-    if ab_accum:  # the same launch with the library's other accumulate epilogue, in the same rounds
-        fns["ab"] = with_env("CCFUSE_KGROUPED_ACCUM", ab_accum, ours)
+    if ab_env:  # the same launch with another epilogue and/or tile, in the same rounds
+        fns["ab"] = with_env(ab_env, ours)
     times = dict(zip(fns, timed_interleaved(torch, list(fns.values()), iters)))
     t_torch, t_ours = times["torch"], times["ccfuse"]
     flops = 2.0 * total * m * n
@@ -196,8 +212,9 @@ def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum=""):
                group_rows=rows, rotated_sets=sets, accum_mode=os.environ.get("CCFUSE_KGROUPED_ACCUM", "tma"))
     if "torch_f32" in times:
         res.update(t_torch_f32_ms=times["torch_f32"], speedup_vs_torch_f32=times["torch_f32"] / t_ours)
-    if "ab" in times:  # > 1: the default (accum_mode) is faster than ab_accum_mode
-        res.update(ab_accum_mode=ab_accum, t_ccfuse_ab_ms=times["ab"], speedup_vs_ab=times["ab"] / t_ours)
+    if "ab" in times:  # > 1: the default (accum_mode, the tile rule's) is faster than the ab variant
+        res.update(ab_accum_mode=ab_accum or None, ab_tile=ab_tile or None, t_ccfuse_ab_ms=times["ab"],
+                   speedup_vs_ab=times["ab"] / t_ours)
     del ins, acc, theirs_acc
     torch.cuda.empty_cache()
     return res
@@ -213,8 +230,9 @@ def main():
     p.add_argument("--accumulate", action="store_true",
                    help="the fp32 main_grad form: ccfuse's += against main_grad.add_(torch._grouped_mm(...))")
     p.add_argument("--ab-tile", default="", choices=["", "pingpong", "128", "256"],
-                   help="without --accumulate: also time ccfuse with CCFUSE_KGROUPED_TILE=this (same rounds)")
-    p.add_argument("--ab-accum", default="", choices=["", "red", "rmw", "tma"],
+                   help="also time ccfuse with CCFUSE_KGROUPED_TILE=this (same rounds; with --accumulate "
+                        "together with --ab-accum's switch)")
+    p.add_argument("--ab-accum", default="", choices=["", "red", "rmw", "tma", "tma5"],
                    help="with --accumulate: also time ccfuse with CCFUSE_KGROUPED_ACCUM=this (same rounds)")
     args = p.parse_args()
     import torch
@@ -245,7 +263,8 @@ def main():
                           rec["t_ccfuse_ms"], rec["tflops_ccfuse"], rec["out_gbps_ccfuse"], rec["speedup_vs_torch"],
                           "ok" if rec["ccfuse_ok"] else "WRONG")
                       + ("  (torch fp32-out %.4f ms)" % rec["t_torch_f32_ms"] if "t_torch_f32_ms" in rec else "")
-                      + ("  (ccfuse %s %.4f ms: x%.3f)" % (rec.get("ab_accum_mode") or rec.get("ab_tile"),
+                      + ("  (ccfuse %s %.4f ms: x%.3f)" % ("+".join(str(v) for v in (
+                          rec.get("ab_accum_mode"), rec.get("ab_tile")) if v),
                                                           rec["t_ccfuse_ab_ms"], rec["speedup_vs_ab"])
                          if "t_ccfuse_ab_ms" in rec else ""),
                       flush=True)

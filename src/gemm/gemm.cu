@@ -773,10 +773,18 @@ void grouped_run(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a,
 }
 
 namespace {
+// EXPERIMENT (A/B: CCFUSE_KGROUPED_ACCUM=tma5, written 2026-12-07, docs/perf-notes.md): five
+// reduce slots a consumer warpgroup instead of two (80 KiB of ring, paid with a mainloop stage),
+// to test whether the reduce-adds in flight per SM bound the accumulating form.
+struct AccumF32DeepEpilogue : sm90::AccumF32Epilogue {
+  static constexpr int kReduceSlots = 5;
+  static constexpr int kExtraSmemBytes = 2 * kReduceSlots * kReduceSlotBytes;
+};
+
 // K-grouped (the weight gradients): A [max_rows, m] read as A^T (MN-major), B [max_rows, n]
 // (N-major), C [num_groups * m, n]; the prefix of the groups' rows from the grouped GEMM's scan
 // (its tile prefix unused: one tile a row).
-template <class Traits>
+template <class Traits, class AccumEpilogue = sm90::AccumF32Epilogue>
 void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                      const int* group_rows, void* workspace, int* overflow, cudaStream_t stream) {
   sm90::KGroupedSchedule sched;
@@ -801,7 +809,7 @@ void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const voi
   if constexpr (Traits::kTmaStore) {
     launch(sm90::PlainEpilogue{});
   } else {  // accumulate (validate): C += into fp32
-    sm90::AccumF32Epilogue epi;
+    AccumEpilogue epi;
     epi.c32 = static_cast<float*>(c);
     epi.ld32 = d.n;
     // CCFUSE_KGROUPED_ACCUM (an A/B switch for the benches, not a setting): red or rmw (the
@@ -824,7 +832,15 @@ template <class E>
 void kgrouped_dtype(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                     const int* rows, void* ws, int* overflow, cudaStream_t s) {
   if (d.accumulate) {  // validate: the register tiles 128x256x64/4 and 128x128x64/6
-    if (cfg.block_n == 256)
+    const char* env = std::getenv("CCFUSE_KGROUPED_ACCUM");
+    if (env != nullptr && std::string(env) == "tma5") {  // the EXPERIMENT above: /3 and /4 stages
+      if (cfg.block_n == 256)
+        launch_kgrouped<sm90::Traits<E, 128, 256, 64, 3, false, 1, false, false, false, 0, true>, AccumF32DeepEpilogue>(
+            d, cfg, a, b, c, rows, ws, overflow, s);
+      else
+        launch_kgrouped<sm90::Traits<E, 128, 128, 64, 4, false, 1, false, false, false, 0, true>, AccumF32DeepEpilogue>(
+            d, cfg, a, b, c, rows, ws, overflow, s);
+    } else if (cfg.block_n == 256)
       launch_kgrouped<sm90::Traits<E, 128, 256, 64, 4, false, 1, false, false, false, 0, true>>(d, cfg, a, b, c, rows,
                                                                                                ws, overflow, s);
     else
@@ -887,6 +903,22 @@ GemmConfig choose_config(const KGroupedGemmDesc& d, int num_sms) {
                    kPingpongRingShape.stages, num_sms};
     c.tma_store = true;
     c.pingpong = true;
+    return c;
+  }
+  // Where one group's 128x256 tiles fill at most half the SMs, the narrow ping-pong tile (twice
+  // the tiles a group): a group with most of the rows (skewed routing, unknown here: the counts
+  // stay on the device) then spreads over twice the SMs. Measured 2026-12-07 (perf-notes): Qwen3-
+  // like dW2 (48 tiles a group) 1.13-1.18x on Zipf routing, 1.00-1.02x uniform; at 96 tiles a
+  // group (Qwen3-like dW1) within 3 % either way, at 448+ (DeepSeek-, Mixtral-like) ping-pong
+  // lost 4-38 %. num_sms 0: 132 (H100 / H200). Not for the accumulating form (not measured).
+  const int sms = num_sms > 0 ? num_sms : 132;
+  const int64_t wide_group_tiles = ceil_div(d.m, 128) * ceil_div(d.n, 256);
+  if (tile.empty() && !d.accumulate && d.n > 128 && 2 * wide_group_tiles <= sms) {
+    c = GemmConfig{kPingpongRingShape.block_m, kPingpongRingShape.block_n, kPingpongRingShape.block_k,
+                   kPingpongRingShape.stages, num_sms};
+    c.tma_store = true;
+    c.pingpong = true;
+    c.group_m = 8;
     return c;
   }
   const bool wide = tile == "256" || (tile != "128" && d.n > 128);

@@ -1657,15 +1657,32 @@ TEST(GemmValidation, KGroupedRules) {
   KGroupedGemmDesc d;
   d.num_groups = 4;
   d.max_rows = 1000;
-  d.m = 256;
-  d.n = 512;
+  d.m = 2048;
+  d.n = 4096;  // 16 x 16 tiles of 128x256 a group
   const GemmConfig ok = choose_config(d, 0);
   EXPECT_NO_THROW(validate(d, ok));
   EXPECT_TRUE(ok.tma_store);
+  EXPECT_FALSE(ok.pingpong);
   EXPECT_EQ(ok.block_n, 256);
   KGroupedGemmDesc narrow = d;
   narrow.n = 128;
   EXPECT_EQ(choose_config(narrow, 0).block_n, 128);
+  EXPECT_FALSE(choose_config(narrow, 0).pingpong);
+  // A group's 128x256 tiles on at most half the SMs: the ping-pong tile (132 SMs when num_sms is 0).
+  KGroupedGemmDesc few = d;
+  few.n = 768;  // 16 x 3 = 48 tiles a group
+  const GemmConfig few_cfg = choose_config(few, 0);
+  EXPECT_TRUE(few_cfg.pingpong && few_cfg.tma_store && few_cfg.block_n == 128 && few_cfg.stages == 6)
+      << to_string(few_cfg);
+  EXPECT_NO_THROW(validate(few, few_cfg));
+  EXPECT_FALSE(choose_config(few, 64).pingpong);  // 48 tiles fill more than half of 64 SMs
+  EXPECT_TRUE(choose_config(few, 96).pingpong);
+  few.accumulate = true;  // not the accumulating form
+  EXPECT_FALSE(choose_config(few, 0).pingpong);
+  few.accumulate = false;
+  setenv("CCFUSE_KGROUPED_TILE", "256", 1);  // the bench's switch overrides the rule
+  EXPECT_FALSE(choose_config(few, 0).pingpong);
+  unsetenv("CCFUSE_KGROUPED_TILE");
   auto invalid = [](const KGroupedGemmDesc& x, const GemmConfig& cfg, const char* message) {
     try {
       validate(x, cfg);
