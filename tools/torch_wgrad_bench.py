@@ -232,7 +232,7 @@ def main():
     p.add_argument("--ab-tile", default="", choices=["", "pingpong", "128", "256"],
                    help="also time ccfuse with CCFUSE_KGROUPED_TILE=this (same rounds; with --accumulate "
                         "together with --ab-accum's switch)")
-    p.add_argument("--ab-accum", default="", choices=["", "red", "rmw", "tma", "tma5"],
+    p.add_argument("--ab-accum", default="", choices=["", "red", "rmw", "tma"],
                    help="with --accumulate: also time ccfuse with CCFUSE_KGROUPED_ACCUM=this (same rounds)")
     args = p.parse_args()
     import torch

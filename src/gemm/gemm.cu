@@ -773,18 +773,10 @@ void grouped_run(const GroupedGemmDesc& d, const GemmConfig& cfg, const void* a,
 }
 
 namespace {
-// EXPERIMENT (A/B: CCFUSE_KGROUPED_ACCUM=tma5, written 2026-12-07, docs/perf-notes.md): five
-// reduce slots a consumer warpgroup instead of two (80 KiB of ring, paid with a mainloop stage),
-// to test whether the reduce-adds in flight per SM bound the accumulating form.
-struct AccumF32DeepEpilogue : sm90::AccumF32Epilogue {
-  static constexpr int kReduceSlots = 5;
-  static constexpr int kExtraSmemBytes = 2 * kReduceSlots * kReduceSlotBytes;
-};
-
 // K-grouped (the weight gradients): A [max_rows, m] read as A^T (MN-major), B [max_rows, n]
 // (N-major), C [num_groups * m, n]; the prefix of the groups' rows from the grouped GEMM's scan
 // (its tile prefix unused: one tile a row).
-template <class Traits, class AccumEpilogue = sm90::AccumF32Epilogue>
+template <class Traits>
 void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                      const int* group_rows, void* workspace, int* overflow, cudaStream_t stream) {
   sm90::KGroupedSchedule sched;
@@ -809,7 +801,7 @@ void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const voi
   if constexpr (Traits::kTmaStore) {
     launch(sm90::PlainEpilogue{});
   } else {  // accumulate (validate): C += into fp32
-    AccumEpilogue epi;
+    sm90::AccumF32Epilogue epi;
     epi.c32 = static_cast<float*>(c);
     epi.ld32 = d.n;
     // CCFUSE_KGROUPED_ACCUM (an A/B switch for the benches, not a setting): red or rmw (the
@@ -832,15 +824,7 @@ template <class E>
 void kgrouped_dtype(const KGroupedGemmDesc& d, const GemmConfig& cfg, const void* a, const void* b, void* c,
                     const int* rows, void* ws, int* overflow, cudaStream_t s) {
   if (d.accumulate) {  // validate: the register tiles 128x256x64/4 and 128x128x64/6
-    const char* env = std::getenv("CCFUSE_KGROUPED_ACCUM");
-    if (env != nullptr && std::string(env) == "tma5") {  // the EXPERIMENT above: /3 and /4 stages
-      if (cfg.block_n == 256)
-        launch_kgrouped<sm90::Traits<E, 128, 256, 64, 3, false, 1, false, false, false, 0, true>, AccumF32DeepEpilogue>(
-            d, cfg, a, b, c, rows, ws, overflow, s);
-      else
-        launch_kgrouped<sm90::Traits<E, 128, 128, 64, 4, false, 1, false, false, false, 0, true>, AccumF32DeepEpilogue>(
-            d, cfg, a, b, c, rows, ws, overflow, s);
-    } else if (cfg.block_n == 256)
+    if (cfg.block_n == 256)
       launch_kgrouped<sm90::Traits<E, 128, 256, 64, 4, false, 1, false, false, false, 0, true>>(d, cfg, a, b, c, rows,
                                                                                                ws, overflow, s);
     else
