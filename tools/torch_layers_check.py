@@ -14,7 +14,11 @@ tokens only: the gate is replicated, its data-parallel sum is the trainer's), d 
 this rank's experts (summed over every rank's tokens). Cases: softmax top-2 dropless, softmax
 top-2 with capacity 1.0 (drops by position), sigmoid top-4 with an expert bias (DeepSeek-V3's
 scoring and balancing); each with backward "fused" (recomputing h, and keeping it: "fused_keep")
-and, eagerly, "unfused". --compile: the
+and, eagerly, "unfused", and the layers' MoeFfn options passed through (eager): "fused_wt"
+(wgrad="torch"), "fused_kb" (kept_rows=64: fewer than a step receives, so the backward recomputes
+h on the device) and "fused_mg" (main_grad=True: the weights carry a random fp32 main_grad and
+grad_added_to_main_grad = False as MoeExperts documents; d w1 / d w2 are read as main_grad's change,
+and the flag must be set and .grad the dummy). --compile: the
 fused cases also under torch.compile(fullgraph=True, backend="aot_eager"). --inject-fault
 scales the gate's gradient on rank 0 after the backward: the check must then fail (exit 1).
 """
@@ -94,7 +98,13 @@ def main():
              dict(name="softmax_top2_capacity1", score="softmax", topk=2, capacity=1.0, bias=False),
              dict(name="sigmoid_top4_bias", score="sigmoid", topk=4, capacity=0.0, bias=True)]
     # "fused_keep": backward "fused" with recompute=False (the forward keeps layer 0's h)
-    modes = [("fused", False), ("fused_keep", False), ("unfused", False)] + ([("fused", True)] if args.compile else [])
+    modes = [("fused", False), ("fused_keep", False), ("unfused", False), ("fused_wt", False), ("fused_kb", False),
+             ("fused_mg", False)] + ([("fused", True)] if args.compile else [])
+    # the MoeLayer options of each mode (backward, recompute and the pass-through ones)
+    options = {"fused": dict(backward="fused", recompute=True), "fused_keep": dict(backward="fused", recompute=False),
+               "unfused": dict(backward="unfused", recompute=True),
+               "fused_wt": dict(backward="fused", wgrad="torch"), "fused_kb": dict(backward="fused", kept_rows=64),
+               "fused_mg": dict(backward="fused", main_grad=True)}
     if args.inject_fault:
         cases, modes = cases[:1], [("fused", False)]
     failures, records = 0, []
@@ -109,8 +119,7 @@ def main():
             bias = (0.02 * torch.randn(E, generator=gen)).to(dev) if case["bias"] else None
             layer = layers.MoeLayer(H, F, E, case["topk"], max_tokens=T, score=case["score"],
                                     capacity_factor=case["capacity"], bias_update_rate=1e-3 if case["bias"] else 0.0,
-                                    backward="fused" if mode == "fused_keep" else mode,
-                                    recompute=mode != "fused_keep", device=dev)
+                                    device=dev, **options[mode])
             mine = slice(r * (E // w), (r + 1) * (E // w))
             with torch.no_grad():
                 layer.gate.copy_(gate)
@@ -118,6 +127,13 @@ def main():
                 layer.experts.w2.copy_(w2[mine])
                 if bias is not None:
                     layer.expert_bias.copy_(bias)
+            ws = (layer.experts.w1, layer.experts.w2)
+            main0 = []
+            if mode == "fused_mg":  # Megatron DDP's setup (MoeExperts' docstring), from random values
+                for wt in ws:
+                    wt.main_grad = torch.randn(wt.shape, generator=gen).to(dev)
+                    wt.grad_added_to_main_grad = False
+                    main0.append(wt.main_grad.clone())
             x = xs[r].clone().requires_grad_()
             fn = torch.compile(layer, fullgraph=True, backend="aot_eager") if compiled else layer
             y = fn(x)
@@ -126,14 +142,18 @@ def main():
                 layer.gate.grad.mul_(1.5)
             torch.cuda.synchronize()
             ref = reference(xs, gys, gate, w1, w2, bias, r, case)
+            if mode == "fused_mg":  # what the backward added; .grad is the dummy, the flag set
+                wgrads = [wt.main_grad - m0 for wt, m0 in zip(ws, main0)]
+                flags_ok = all(wt.grad_added_to_main_grad is True for wt in ws)
+            else:
+                wgrads, flags_ok = [wt.grad for wt in ws], True
             errs = {"y": rel(y, ref[0]), "x_grad": rel(x.grad, ref[1]), "gate_grad": rel(layer.gate.grad, ref[2]),
-                    "w1_grad": rel(layer.experts.w1.grad, ref[3][mine]),
-                    "w2_grad": rel(layer.experts.w2.grad, ref[4][mine])}
+                    "w1_grad": rel(wgrads[0], ref[3][mine]), "w2_grad": rel(wgrads[1], ref[4][mine])}
             dropped = int(layer.last_dropped.item())
-            ok = all(e <= args.tol for e in errs.values()) and (case["capacity"] > 0 or dropped == 0)
+            ok = all(e <= args.tol for e in errs.values()) and (case["capacity"] > 0 or dropped == 0) and flags_ok
             failures += 0 if ok else 1
             label = "%s:%s%s" % (case["name"], mode, ":compiled" if compiled else "")
-            records.append({**meta, "case": label, "dropped": dropped, "ok": ok,
+            records.append({**meta, "case": label, "dropped": dropped, "ok": ok, "main_grad_flags_ok": flags_ok,
                             **{"rel_err_" + k: v for k, v in errs.items()}})
             print("rank %d %-40s %s dropped %d  %s" % (r, label, "  ".join("%s %.2e" % kv for kv in errs.items()),
                                                       dropped, "ok" if ok else "FAIL"), flush=True)
