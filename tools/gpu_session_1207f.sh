@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One device call on one GPU (2026-12-07, third session, second call): (1) the K-grouped tests and
+# (Ran once at 51e1662; the tma5 variant of part 2 was reverted after it: --ab-accum no longer takes it.)
 # the validation tests (choose_config's new ping-pong rule: a group's 128x256 tiles on at most half
 # the SMs); (2) the accumulating form, TMA reduce-adds with a ring of 2 slots a warpgroup (default)
 # against 5 slots and one stage less (--ab-accum tma5, checked like the default), same rounds;
@@ -11,27 +12,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/gpu_session_lib.sh
 parts=" ${*:-1 2 3 4} "
-bench() {  # NAME TIMEOUT ARGS...: tools/torch_wgrad_bench.py into $O/logs/NAME.{jsonl,log}, its tail in the table
-  local name=$1 limit=$2
-  shift 2
-  timeout "$limit" python3 tools/torch_wgrad_bench.py --ccfuse-lib $B/libccfuse_c.so --json "$O/logs/$name.jsonl" "$@" \
-    > "$O/logs/$name.log" 2>&1
-  table+=("$name: rc=$?")
-  while read -r l; do table+=("  $l"); done < <(cut -c1-250 "$O/logs/$name.log" | grep -v '^$' | tail -n 16)
-}
 if [[ $parts == *" 1 "* ]]; then
-  timeout 150 $B/ccfuse_gpu_tests --gtest_filter='*KGroupedGemm*:GemmValidation.*' > "$O/logs/kgrouped.log" 2>&1
-  table+=("K-grouped + GemmValidation: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$O/logs/kgrouped.log" | tr '\n' ' ')")
-  while read -r l; do table+=("  $l"); done < <(grep -E '^\[  FAILED  \]|Failure$|error:' "$O/logs/kgrouped.log" | head -6 | cut -c1-200)
+  kgrouped_tests
 fi
 if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 150 ]; then
-  bench wgrad_accum_tma5 170 --accumulate --ab-accum tma5 \
+  wgrad_bench wgrad_accum_tma5 170 --accumulate --ab-accum tma5 \
     --only "${ACCUM_ONLY:-qwen3-up-T4096|qwen3-down-T4096|qwen3-up-T16384|mixtral-up-T4096|dsv3-up-T4096|dsv3-down-T4096}"
 fi
 if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 120 ]; then
-  bench wgrad_accum_tile128 100 --accumulate --ab-tile 128 --only "qwen3-down|dsv3-down-T4096"
+  wgrad_bench wgrad_accum_tile128 100 --accumulate --ab-tile 128 --only "qwen3-down|dsv3-down-T4096"
 fi
 if [[ $parts == *" 4 "* ]] && [ "$(left)" -gt 80 ]; then
-  bench wgrad_rule 100 --ab-tile 256 --only "qwen3"
+  wgrad_bench wgrad_rule 100 --ab-tile 256 --only "qwen3"
 fi
 finish gpu_session_1207f

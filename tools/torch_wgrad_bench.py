@@ -82,9 +82,11 @@ def case_setup(torch, case, out_elem_bytes, seed):
     return dev, e, m, n, total, rows, counts, offs, sets, uniform, ins
 
 
-def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_accum="", ab_tile=""):
+def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_env=None):
+    """ab_env: environment variables (the library's A/B switches) of a second ccfuse variant timed
+    in the same rounds (and, with accumulate, checked as the default is)."""
     if accumulate:
-        return run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum, ab_tile)
+        return run_accumulate_case(torch, lib, case, iters, inject_fault, ab_env)
     dev, e, m, n, total, rows, counts, offs, sets, _, ins = case_setup(torch, case, 2, 7)
     out_bytes = 2 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
@@ -112,13 +114,13 @@ def run_case(torch, lib, case, iters, inject_fault, accumulate=False, ab_accum="
     res["ccfuse_ok"] = bool(ok)
     del ref_t
     fns = [theirs, lambda i: ours(i, outs[i % 2])]
-    if ab_tile:  # the same launch with another K-grouped tile (CCFUSE_KGROUPED_TILE), in the same rounds
-        fns.append(with_env({"CCFUSE_KGROUPED_TILE": ab_tile}, lambda i: ours(i, outs[i % 2])))
+    if ab_env:  # the same launch with the A/B variant, in the same rounds
+        fns.append(with_env(ab_env, lambda i: ours(i, outs[i % 2])))
     times = timed_interleaved(torch, fns, iters)
     t_torch, t_ours = times[0], times[1]
-    if ab_tile:  # > 1: the default tile is faster than ab_tile
+    if ab_env:  # > 1: the default is faster than the variant
         kb = [-(-r // 64) for r in rows]
-        res.update(ab_tile=ab_tile, t_ccfuse_ab_ms=times[2], speedup_vs_ab=times[2] / t_ours,
+        res.update(ab_env=ab_env, t_ccfuse_ab_ms=times[2], speedup_vs_ab=times[2] / t_ours,
                    mean_kblocks_per_tile=sum(kb) / len(kb))
     flops = 2.0 * total * m * n
     res.update(t_torch_ms=t_torch, t_ccfuse_ms=t_ours, speedup_vs_torch=t_torch / t_ours,
@@ -147,7 +149,7 @@ def with_env(env, fn):
     return run
 
 
-def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum="", ab_tile=""):
+def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_env=None):
     dev, e, m, n, total, rows, counts, offs, sets, uniform, ins = case_setup(torch, case, 4, 11)
     acc_bytes = 4 * e * m * n
     ws = torch.empty(lib.grouped_gemm_workspace_bytes(e), dtype=torch.uint8, device=dev)
@@ -179,7 +181,6 @@ def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum="", ab_t
     if empty:  # left as it was: c0 - c0, exactly 0
         res["empty_expert_unchanged"] = bool((got[empty[0]] == 0).all().item())
         ok = ok and res["empty_expert_unchanged"]
-    ab_env = {k: v for k, v in (("CCFUSE_KGROUPED_ACCUM", ab_accum), ("CCFUSE_KGROUPED_TILE", ab_tile)) if v}
     if ab_env:  # the A/B variant is checked the same way: one call into the zeroed buffer
         got.zero_()
         if empty:
@@ -213,8 +214,7 @@ def run_accumulate_case(torch, lib, case, iters, inject_fault, ab_accum="", ab_t
     if "torch_f32" in times:
         res.update(t_torch_f32_ms=times["torch_f32"], speedup_vs_torch_f32=times["torch_f32"] / t_ours)
     if "ab" in times:  # > 1: the default (accum_mode, the tile rule's) is faster than the ab variant
-        res.update(ab_accum_mode=ab_accum or None, ab_tile=ab_tile or None, t_ccfuse_ab_ms=times["ab"],
-                   speedup_vs_ab=times["ab"] / t_ours)
+        res.update(ab_env=ab_env, t_ccfuse_ab_ms=times["ab"], speedup_vs_ab=times["ab"] / t_ours)
     del ins, acc, theirs_acc
     torch.cuda.empty_cache()
     return res
@@ -232,9 +232,15 @@ def main():
     p.add_argument("--ab-tile", default="", choices=["", "pingpong", "128", "256"],
                    help="also time ccfuse with CCFUSE_KGROUPED_TILE=this (same rounds; with --accumulate "
                         "together with --ab-accum's switch)")
+    p.add_argument("--ab-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="also time ccfuse with this environment variable set (repeatable; e.g. "
+                        "CCFUSE_KGROUPED_ORDER=interleave), with --ab-tile / --ab-accum's")
     p.add_argument("--ab-accum", default="", choices=["", "red", "rmw", "tma"],
                    help="with --accumulate: also time ccfuse with CCFUSE_KGROUPED_ACCUM=this (same rounds)")
     args = p.parse_args()
+    ab_env = dict(kv.split("=", 1) for kv in args.ab_env)
+    ab_env.update({k: v for k, v in (("CCFUSE_KGROUPED_ACCUM", args.ab_accum),
+                                     ("CCFUSE_KGROUPED_TILE", args.ab_tile)) if v})
     import torch
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
     from ccfuse._capi import Ccfuse  # noqa: E402
@@ -254,8 +260,7 @@ def main():
                        name=case["name"].replace("-up-", "-dW1-").replace("-down-", "-dW2-"),
                        tokens_per_gpu=case["tokens_per_gpu"])
             try:
-                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault, args.accumulate, args.ab_accum,
-                                    args.ab_tile))
+                rec.update(run_case(torch, lib, case, args.iters, args.inject_fault, args.accumulate, ab_env))
                 ratios.append(rec["speedup_vs_torch"])
                 print("%-22s %-10s torch %8.4f ms (%5.1f TFLOP/s, %5.0f GB/s out)  ccfuse %8.4f ms (%5.1f TFLOP/s, "
                       "%5.0f GB/s out)  x%.3f  %s" % (
@@ -263,10 +268,10 @@ def main():
                           rec["t_ccfuse_ms"], rec["tflops_ccfuse"], rec["out_gbps_ccfuse"], rec["speedup_vs_torch"],
                           "ok" if rec["ccfuse_ok"] else "WRONG")
                       + ("  (torch fp32-out %.4f ms)" % rec["t_torch_f32_ms"] if "t_torch_f32_ms" in rec else "")
-                      + ("  (ccfuse %s %.4f ms: x%.3f)" % ("+".join(str(v) for v in (
-                          rec.get("ab_accum_mode"), rec.get("ab_tile")) if v),
-                                                          rec["t_ccfuse_ab_ms"], rec["speedup_vs_ab"])
-                         if "t_ccfuse_ab_ms" in rec else ""),
+                      + ("  (ccfuse %s %.4f ms: x%.3f)" % (
+                          " ".join("%s=%s" % (k.replace("CCFUSE_KGROUPED_", ""), v) for k, v in rec["ab_env"].items()),
+                          rec["t_ccfuse_ab_ms"],
+                          rec["speedup_vs_ab"]) if "t_ccfuse_ab_ms" in rec else ""),
                       flush=True)
                 if not rec["ccfuse_ok"]:
                     wrong.append("%s %s" % (rec["name"], rec["routing"]))
