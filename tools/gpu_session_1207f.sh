@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call on one GPU (2026-12-07, third session, second call): (1) the K-grouped tests and
 # (Ran once at 51e1662; the tma5 variant of part 2 was reverted after it: --ab-accum no longer takes it.)
+# One device call on one GPU (2026-12-07, third session, second call): (1) the K-grouped tests and
 # the validation tests (choose_config's new ping-pong rule: a group's 128x256 tiles on at most half
 # the SMs); (2) the accumulating form, TMA reduce-adds with a ring of 2 slots a warpgroup (default)
 # against 5 slots and one stage less (--ab-accum tma5, checked like the default), same rounds;
