@@ -787,8 +787,6 @@ void launch_kgrouped(const KGroupedGemmDesc& d, const GemmConfig& cfg, const voi
   sched.block_k = cfg.block_k;
   sched.group_m = cfg.group_m;
   sched.m = d.m;
-  const char* order = std::getenv("CCFUSE_KGROUPED_ORDER");  // the EXPERIMENT's A/B switch
-  sched.interleave = order != nullptr && std::string(order) == "interleave";
   auto* row_prefix = static_cast<int64_t*>(workspace);
   auto* tile_prefix = reinterpret_cast<int*>(row_prefix + d.num_groups + 1);
   sched.row_prefix = row_prefix;

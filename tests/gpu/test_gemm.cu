@@ -1480,7 +1480,6 @@ struct KGroupedCase {
   // by load-add-store (CCFUSE_KGROUPED_ACCUM=rmw); 3: by red.global.add (=red). block_n 256 / 128
   // then name the register tiles /4 and /6.
   int accumulate = 0;
-  bool interleave = false;  // CCFUSE_KGROUPED_ORDER=interleave (the waves from both halves of the tiles)
 };
 void PrintTo(const KGroupedCase& c, std::ostream* os) { *os << c.name; }
 class KGroupedGemm : public ::testing::TestWithParam<KGroupedCase> {};
@@ -1520,8 +1519,6 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   if (kc.accumulate == 2) setenv(accum_env, "rmw", 1);
   else if (kc.accumulate == 3) setenv(accum_env, "red", 1);
   else unsetenv(accum_env);
-  if (kc.interleave) setenv("CCFUSE_KGROUPED_ORDER", "interleave", 1);
-  else unsetenv("CCFUSE_KGROUPED_ORDER");
   std::random_device rd;
   const uint64_t seed = rd();
   SCOPED_TRACE(detail::str_cat("seed ", seed, " config ", to_string(cfg)));
@@ -1566,7 +1563,6 @@ TEST_P(KGroupedGemm, EveryGroupMatchesItsFp64Sum) {
   CCFUSE_CUDA_CHECK(cudaMemcpy(rows_dev, kc.rows.data(), kc.rows.size() * sizeof(int), cudaMemcpyHostToDevice));
   kgrouped_run(d, cfg, a, b, c, rows_dev, ws, overflow, nullptr);
   unsetenv(accum_env);
-  unsetenv("CCFUSE_KGROUPED_ORDER");
   const dim3 block(16, 16), grid(unsigned((d.n + 15) / 16), unsigned((d.m + 15) / 16), unsigned(d.num_groups));
   if (d.dtype == DType::kBFloat16)
     reference_kgrouped<<<grid, block>>>(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
@@ -1651,11 +1647,6 @@ std::vector<KGroupedCase> kgrouped_cases() {
   out.push_back({"accum_fp16_zipf64", zipf, 768, 1024, 0, 40, DType::kFloat16, 0, 1});
   out.push_back({"accum_nan_after_last_tail", {100, 37}, 256, 256, 0, 64, DType::kBFloat16, 0, 1});
   out.push_back({"accum_overflow_past_32_groups_3sms", seventy, 128, 128, 128, -250, DType::kBFloat16, 3, 1});
-  // The interleaved order: many whole waves and a tail (3 and 5 SMs), both forms, ping-pong.
-  out.push_back({"interleave_zipf64_5sms", zipf, 768, 1024, 256, 0, DType::kBFloat16, 5, 0, true});
-  out.push_back({"interleave_pingpong_seventy_3sms", seventy, 128, 128, 6, 0, DType::kBFloat16, 3, 0, true});
-  out.push_back({"interleave_accum_zipf64_3sms", zipf, 768, 1024, 256, 40, DType::kBFloat16, 3, 1, true});
-  out.push_back({"interleave_mixed_all_sms", mixed, 256, 512, 0, 0, DType::kBFloat16, 0, 0, true});
   return out;
 }
 

@@ -311,27 +311,12 @@ struct KGroupedSchedule {
   const int64_t* row_prefix = nullptr;  // [num_groups + 1], device
   int num_groups = 0, m_tiles = 0, n_tiles = 0, block_m = 128, block_k = 64, group_m = 8;
   int64_t m = 0;  // rows of one group's C
-  // EXPERIMENT (A/B: CCFUSE_KGROUPED_ORDER=interleave, written 2026-12-07, docs/perf-notes.md):
-  // the CTAs' waves alternate between the first and the second half of the tiles (in group order),
-  // so that the tiles of groups with many rows (long mainloops) run beside those of groups with few
-  // (store-bound) instead of in separate phases; a bijection over the whole waves of an even
-  // count, the tiles after them in order.
-  bool interleave = false;
   static constexpr bool kHasReady = false;
   static constexpr bool kHasSide = false;
   static constexpr bool kKGrouped = true;
   CCFUSE_HD int64_t num_tiles() const { return int64_t(num_groups) * m_tiles * n_tiles; }
   int64_t max_tiles() const { return num_tiles(); }
-  // The tile that the j-th unit of the persistent grid (a wave = gridDim.x units, the CTAs taking
-  // units j = cta, cta + gridDim.x, ...) works on.
-  __device__ int64_t interleaved(int64_t j) const {
-    const int64_t wave = gridDim.x, full = num_tiles() / (2 * wave) * (2 * wave);
-    if (j >= full) return j;
-    const int64_t i = j / wave;
-    return (i % 2) * (full / 2) + (i / 2) * wave + (j - i * wave);
-  }
   __device__ TileWork work(int64_t idx) const {
-    if (interleave) idx = interleaved(idx);
     const int64_t per = int64_t(m_tiles) * n_tiles;
     const int g = int(idx / per);
     const TileCoord c = grouped_row_major(idx - g * per, m_tiles, n_tiles, group_m);
