@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran once at dc310fd; the interleaved order was reverted after it, e3a8546: CCFUSE_KGROUPED_ORDER is gone.)
 # One device call on one GPU (2026-12-07, third session): the K-grouped GEMM's interleaved tile
 # order (EXPERIMENT, CCFUSE_KGROUPED_ORDER=interleave: the waves alternate between the two halves
 # of the tiles). (1) the K-grouped and validation tests (interleave_* cases: whole waves and a
