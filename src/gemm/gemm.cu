@@ -892,9 +892,10 @@ GemmConfig choose_config(const KGroupedGemmDesc& d, int num_sms) {
   // Where one group's 128x256 tiles fill at most half the SMs, the narrow ping-pong tile (twice
   // the tiles a group): a group with most of the rows (skewed routing, unknown here: the counts
   // stay on the device) then spreads over twice the SMs. Measured 2026-12-07 (perf-notes): Qwen3-
-  // like dW2 (48 tiles a group) 1.13-1.18x on Zipf routing, 1.00-1.02x uniform; at 96 tiles a
+  // like dW2 (48 tiles a group) 1.12-1.18x on Zipf routing, 0.995-1.035x uniform; at 96 tiles a
   // group (Qwen3-like dW1) within 3 % either way, at 448+ (DeepSeek-, Mixtral-like) ping-pong
-  // lost 4-38 %. num_sms 0: 132 (H100 / H200). Not for the accumulating form (not measured).
+  // lost 4-38 %. num_sms 0: 132 (H100 / H200). Not for the accumulating form: its narrow
+  // register tile measured 1-10 % slower on the same shapes.
   const int sms = num_sms > 0 ? num_sms : 132;
   const int64_t wide_group_tiles = ceil_div(d.m, 128) * ceil_div(d.n, 256);
   if (tile.empty() && !d.accumulate && d.n > 128 && 2 * wide_group_tiles <= sms) {
