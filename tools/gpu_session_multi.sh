@@ -19,6 +19,9 @@
 #              (gpu_run.sh moe moe_ab with CCFUSE_MOE_AB_VARIANTS, default "default")
 #     moediag  Qwen3's diagnostics at EP = W (gpu_run.sh moe_diag; CCFUSE_MOE_DIAGS overrides)
 #     pairs    CTA pairs on this GPU for the even 20-30-wave shapes (one GPU of the machine)
+#     decode   the MoE FFN at decode-sized batches (64, 256, 1024 tokens a GPU; EP = W): ours
+#              (bench/moe_ffn_bench.cu) and the serial layer with ours in its rounds (--ccfuse-lib);
+#              at W = 1 on one H100 (2026-12-07) ours streamed the weights at 2.5-2.9 TB/s
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
@@ -102,7 +105,22 @@ for l in open(sys.argv[1]):
 PY
 )
       ;;
-    *) echo "gpu_session_multi.sh: unknown part '$part' (tests tp moe moediag pairs)" >&2; exit 2 ;;
+    decode)
+      ( source tools/gpu_env.sh
+        timeout 200 .carry/bin/ccfuse_moe_ffn_bench --tokens 64 256 1024 --routing uniform zipf --iters 20 --warmup 5 \
+          --json "$d/moe_decode.jsonl" > "$d/moe_decode.log" 2>&1
+        echo "rc=$?" >> "$d/moe_decode.log"
+        timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_layer_bench.py \
+          --json "$d/moe_decode_serial.jsonl" --tokens 64 256 1024 --routing uniform zipf --dispatch alltoall \
+          --iters 20 --warmup 5 --ccfuse-lib .carry/bin/libccfuse_c.so > "$d/moe_decode_serial.log" 2>&1
+        echo "rc=$?" >> "$d/moe_decode_serial.log" )
+      lines+=("moe decode at W = $ngpu: $(tail -2 "$d/moe_decode.log" | tr '\n' ' ')")
+      while read -r l; do lines+=("  $l"); done < <(grep -E '^(mixtral|qwen3|deepseek) +T=' "$d/moe_decode.log" | cut -c1-120)
+      lines+=("moe decode serial (ccfuse in its rounds): $(tail -1 "$d/moe_decode_serial.log")")
+      while read -r l; do lines+=("  $l"); done < <(grep -E '^(mixtral|qwen3|deepseek) +T=' "$d/moe_decode_serial.log" |
+        sed -E 's/ +gemm .*ccfuse_inproc/ ccfuse/; s/ combine.*serial_paired/ paired/; s/\] +limit.*(PASS|FAIL)/ \1/; s/rows.*//')
+      ;;
+    *) echo "gpu_session_multi.sh: unknown part '$part' (tests layers tp moe moediag pairs decode)" >&2; exit 2 ;;
   esac
 done
 echo "== $(nvidia-smi -L | head -1 | cut -c1-60) x $ngpu, binaries $(cat .carry/commit 2>/dev/null)"
