@@ -22,7 +22,6 @@ perturbed (the check must fail: exit 1).
 One line per case; exit 1 if any case fails (relative error > --tol, 1e-2, or not finite).
 """
 import argparse
-import datetime
 import os
 import sys
 import traceback
@@ -59,10 +58,7 @@ def main():
     S, H, N = args.tokens, args.hidden, args.ffn
     assert S % w == 0 and N % w == 0, "tokens and ffn must be multiples of the world size"
     rows, cols = slice(r * S // w, (r + 1) * S // w), slice(r * N // w, (r + 1) * N // w)
-    meta = {"tool": "torch_compile_check", "gpu": torch.cuda.get_device_name(dev), "world_size": w, "rank": r,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": os.environ.get("CCFUSE_COMMIT", "unknown"), "torch": torch.__version__,
-            "custom_ops_registered": cf.custom_ops_registered}
+    meta = common.meta("torch_compile_check", dev, custom_ops_registered=cf.custom_ops_registered)
     records, failures = [], 0
     g = torch.Generator(device="cpu").manual_seed(args.seed)
 

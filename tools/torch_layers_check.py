@@ -23,7 +23,6 @@ fused cases also under torch.compile(fullgraph=True, backend="aot_eager"). --inj
 scales the gate's gradient on rank 0 after the backward: the check must then fail (exit 1).
 """
 import argparse
-import datetime
 import os
 import sys
 
@@ -33,11 +32,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ccfuse import layers  # noqa: E402
 from ccfuse import torch_ops as cf  # noqa: E402
 import torch_check_common as common  # noqa: E402 (tools/, the script's own folder)
-
-
-def rel(got, ref):
-    got, ref = got.detach().double(), ref.detach().double()
-    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def reference(xs, gys, gate, w1, w2, bias, rank, args_case):
@@ -91,9 +85,7 @@ def main():
     args = ap.parse_args()
     r, w, dev = common.start(cf, args.ccfuse_lib)
     E, H, F, T = args.experts_per_rank * w, args.hidden, args.ffn, args.tokens
-    meta = {"tool": "torch_layers_check", "gpu": torch.cuda.get_device_name(dev), "world_size": w, "rank": r,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": os.environ.get("CCFUSE_COMMIT", "unknown"), "torch": torch.__version__}
+    meta = common.meta("torch_layers_check", dev)
     cases = [dict(name="softmax_top2", score="softmax", topk=2, capacity=0.0, bias=False),
              dict(name="softmax_top2_capacity1", score="softmax", topk=2, capacity=1.0, bias=False),
              dict(name="sigmoid_top4_bias", score="sigmoid", topk=4, capacity=0.0, bias=True)]
@@ -147,8 +139,9 @@ def main():
                 flags_ok = all(wt.grad_added_to_main_grad is True for wt in ws)
             else:
                 wgrads, flags_ok = [wt.grad for wt in ws], True
-            errs = {"y": rel(y, ref[0]), "x_grad": rel(x.grad, ref[1]), "gate_grad": rel(layer.gate.grad, ref[2]),
-                    "w1_grad": rel(wgrads[0], ref[3][mine]), "w2_grad": rel(wgrads[1], ref[4][mine])}
+            errs = {"y": common.rel(y, ref[0]), "x_grad": common.rel(x.grad, ref[1]),
+                    "gate_grad": common.rel(layer.gate.grad, ref[2]), "w1_grad": common.rel(wgrads[0], ref[3][mine]),
+                    "w2_grad": common.rel(wgrads[1], ref[4][mine])}
             dropped = int(layer.last_dropped.item())
             ok = all(e <= args.tol for e in errs.values()) and (case["capacity"] > 0 or dropped == 0) and flags_ok
             failures += 0 if ok else 1

@@ -21,7 +21,6 @@ the checks: they must then fail (exit 1). The capture runs in torch's default "g
 "thread_local" mode so that the rest is still measured.
 """
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -33,11 +32,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ccfuse import layers  # noqa: E402
 from ccfuse import torch_ops as cf  # noqa: E402
 import torch_check_common as common  # noqa: E402 (tools/, the script's own folder)
-
-
-def rel(got, ref):
-    got, ref = got.detach().double(), ref.detach().double()
-    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def reference(x, gate, w1, w2, topk, score, capacity, bias):
@@ -93,9 +87,7 @@ def main():
     ap.add_argument("--inject-fault", action="store_true")
     args = ap.parse_args()
     r, w, dev = common.start(cf, args.ccfuse_lib)
-    meta = {"tool": "torch_moe_graph_check", "gpu": torch.cuda.get_device_name(dev), "world_size": w, "rank": r,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": os.environ.get("CCFUSE_COMMIT", "unknown"), "torch": torch.__version__}
+    meta = common.meta("torch_moe_graph_check", dev)
     # (name, H, F, experts per rank, top-k, score, capacity factor, expert bias, max_tokens, token counts)
     shapes = [("small_softmax_top2", 512, 256, 4, 2, "softmax", 0.0, False, 256, (1, 64, 256)),
               ("small_softmax_top2_capacity1", 512, 256, 4, 2, "softmax", 1.0, False, 256, (64, 256)),
@@ -157,11 +149,11 @@ def main():
                     eager = layer(x_static)
                     dropped = int(layer.last_dropped.item())
                     same = bool(torch.equal(got, eager))
-                    err = rel(got, reference(x_static, gate, w1, w2, k, score, capacity, bias))
+                    err = common.rel(got, reference(x_static, gate, w1, w2, k, score, capacity, bias))
                     ok = same and err <= args.tol and bool(torch.isfinite(got).all()) and (capacity > 0 or dropped == 0)
                     case_ok &= ok
                     errs.append(err)
-                    diffs.append(0.0 if same else rel(got, eager))
+                    diffs.append(0.0 if same else common.rel(got, eager))
                 t_eager = per_call_ms(lambda: layer(x_static), args.iters)
                 t_graph = per_call_ms(graph.replay, args.iters)
             case_ok &= capture_error is None

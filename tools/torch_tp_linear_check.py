@@ -10,7 +10,6 @@ Prints one line per case (relative errors of y, x.grad, weight.grad) and exits 1
 --tol (1e-2) or is not finite. W = 1 checks the wiring (shapes, transposes, the ops each backward
 calls); W >= 2 also the communication each backward transposes into."""
 import argparse
-import datetime
 import os
 import sys
 
@@ -43,9 +42,7 @@ def main():
     assert S % w == 0 and N % w == 0, "tokens and ffn must be multiples of the world size"
     rows, cols = slice(r * S // w, (r + 1) * S // w), slice(r * N // w, (r + 1) * N // w)
     failures, records = 0, []
-    meta = {"tool": "torch_tp_linear_check", "gpu": torch.cuda.get_device_name(dev),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": os.environ.get("CCFUSE_COMMIT", "unknown"), "torch": torch.__version__}
+    meta = common.meta("torch_tp_linear_check", dev)
     for dtype in (torch.bfloat16, torch.float16):
         g = torch.Generator(device="cpu").manual_seed(args.seed)
         rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, dtype=torch.float64) * scale)  # noqa: E731
