@@ -70,6 +70,20 @@ def reference(xs, gys, gate, w1, w2, bias, rank, args_case):
     return own[0], g_x, g_gate, g_w1, g_w2
 
 
+def load_shard(layer, gate, w1, w2, bias, rank, world):
+    """Loads the whole layer's gate (and expert bias, if not None) and this rank's experts of w1 / w2
+    ([E, ...], all ranks') into the MoeLayer; returns the slice of E that is this rank's."""
+    epr = w1.shape[0] // world
+    mine = slice(rank * epr, (rank + 1) * epr)
+    with torch.no_grad():
+        layer.gate.copy_(gate)
+        layer.experts.w1.copy_(w1[mine])
+        layer.experts.w2.copy_(w2[mine])
+        if bias is not None:
+            layer.expert_bias.copy_(bias)
+    return mine
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ccfuse-lib", default=None)
@@ -112,13 +126,7 @@ def main():
             layer = layers.MoeLayer(H, F, E, case["topk"], max_tokens=T, score=case["score"],
                                     capacity_factor=case["capacity"], bias_update_rate=1e-3 if case["bias"] else 0.0,
                                     device=dev, **options[mode])
-            mine = slice(r * (E // w), (r + 1) * (E // w))
-            with torch.no_grad():
-                layer.gate.copy_(gate)
-                layer.experts.w1.copy_(w1[mine])
-                layer.experts.w2.copy_(w2[mine])
-                if bias is not None:
-                    layer.expert_bias.copy_(bias)
+            mine = load_shard(layer, gate, w1, w2, bias, r, w)
             ws = (layer.experts.w1, layer.experts.w2)
             main0 = []
             if mode == "fused_mg":  # Megatron DDP's setup (MoeExperts' docstring), from random values

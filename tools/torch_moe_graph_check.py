@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ccfuse import layers  # noqa: E402
 from ccfuse import torch_ops as cf  # noqa: E402
 import torch_check_common as common  # noqa: E402 (tools/, the script's own folder)
+from torch_layers_check import load_shard  # noqa: E402 (the same folder)
 
 
 def reference(x, gate, w1, w2, topk, score, capacity, bias):
@@ -107,13 +108,7 @@ def main():
         layer = layers.MoeLayer(H, F, E, k, max_tokens=max_tokens, score=score, capacity_factor=capacity,
                                 bias_update_rate=1e-3 if has_bias else 0.0, device=dev)
         layer.eval()
-        mine = slice(r * epr, (r + 1) * epr)
-        with torch.no_grad():
-            layer.gate.copy_(gate)
-            layer.experts.w1.copy_(w1[mine])
-            layer.experts.w2.copy_(w2[mine])
-            if bias is not None:
-                layer.expert_bias.copy_(bias)
+        load_shard(layer, gate, w1, w2, bias, r, w)
         for t in token_counts:
             tgen = torch.Generator().manual_seed(args.seed + 1000003 * r + 101 * si + t)
             fresh = lambda: torch.randn(t, H, generator=tgen).to(torch.bfloat16).to(dev)  # noqa: E731
