@@ -21,7 +21,7 @@
 #     pairs    CTA pairs on this GPU for the even 20-30-wave shapes (one GPU of the machine)
 #     decode   the MoE FFN at decode-sized batches (64, 256, 1024 tokens a GPU; EP = W): ours
 #              (bench/moe_ffn_bench.cu) and the serial layer with ours in its rounds (--ccfuse-lib);
-#              at W = 1 on one H100 (2026-12-07) ours streamed the weights at 2.5-2.9 TB/s
+#              at W = 1 on one H100 (2026-12-07) ours streamed the weights at 2.4-2.9 TB/s
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/ccfuse-out}
