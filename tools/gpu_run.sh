@@ -68,7 +68,7 @@ if [[ " $what " == *" one_gpu_world "* ]]; then
   # running kernels, among them a peer's that waits for this rank (docs/foundation.md).
   for w in ${CCFUSE_ONE_GPU_RANKS:-2}; do
     CCFUSE_TEST_ONE_GPU_RANKS=$w CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32} CUDA_MODULE_LOADING=EAGER timeout ${CCFUSE_TEST_TIMEOUT:-300} \
-      $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-GpuTeam*:FusedAgGemm*:FusedGemmReduce*:GpuMoeFfn*}" \
+      $BIN/ccfuse_gpu_tests --gtest_filter="${CCFUSE_TEST_FILTER:-*GpuTeam*:*FusedAgGemm*:*FusedGemmReduce*:*GpuMoeFfn*}" \
       --gtest_output=json:"$OUT/one_gpu_world_w$w.json" 2>&1 | tee "$OUT/one_gpu_world_w$w.log"
     rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1
     summary+=("one-GPU world W=$w: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/one_gpu_world_w$w.log" | tr '\n' ' ')")
