@@ -743,7 +743,7 @@ if [[ " $what " == *" gemm_pingpong "* ]]; then
 fi
 if [[ " $what " == *" sanitize "* ]]; then
   # compute-sanitizer (Firecracker machines only, KINDS.md) on the newest kernels' smallest GPU
-  # tests: racecheck (shared memory) and memcheck on the GEMM's pairs along N (clean 2026-11-30
+  # tests: racecheck (shared memory) and memcheck (then initcheck, below) on the GEMM's pairs along N (clean 2026-11-30
   # 11:00: the ping-pong GEMM and the chunked MoE preparation). CCFUSE_SANITIZE_FILTER: another
   # gtest filter.
   filter=${CCFUSE_SANITIZE_FILTER:-"*48x200x24_bf16_nk_bn128_sms0_row_cl0_tma_pairn*:*777x1000x136_bf16_nk_bn96_sms7_row_cl0_tma_pairn*:*48x96x24_fp16_nk_bn96_sms0_row_cl0_tma_pairn*"}
@@ -758,6 +758,16 @@ if [[ " $what " == *" sanitize "* ]]; then
     rc=$?; [ $rc = 0 ] || status=1
     echo "==== $tool rc=$rc" >> "$OUT/sanitize.log"
   done
+  # initcheck on the kernels only (the tests copy whole buffers back), on MoE cases with register
+  # stores: it does not count TMA bulk stores as writes, so every read of a TMA-stored GEMM output
+  # is reported (2026-12-07: gone with register stores on the same case). CCFUSE_INITCHECK_FILTER:
+  # another gtest filter.
+  echo "==== initcheck" >> "$OUT/sanitize.log"
+  CCFUSE_WATCHDOG_MS=120000 timeout 200 compute-sanitizer --tool initcheck --check-api-memory-access no \
+    --print-limit 50 --report-api-errors no --error-exitcode 9 $BIN/ccfuse_gpu_tests \
+    --gtest_filter="${CCFUSE_INITCHECK_FILTER:-*GpuMoeFfn.*/regstore_*}" >> "$OUT/sanitize.log" 2>&1
+  rc=$?; [ $rc = 0 ] || status=1
+  echo "==== initcheck rc=$rc" >> "$OUT/sanitize.log"
   grep -E "^====|ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize.log" | tee "$OUT/sanitize_summary.log"
   summary+=("sanitize: sanitize_summary.log")
 fi

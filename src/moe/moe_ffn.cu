@@ -336,10 +336,12 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
   }
   griddep_launch_dependents();  // the exchange kernel may launch (it waits for this one's end)
   gemm::sm90::griddep_wait();   // the ranks and counts of chunk_rank_kernel
+  // chunk_rank_kernel writes the ranks of valid entries only: a dropped entry's is never read
+  // (compute-sanitizer's initcheck flagged those loads, 2026-12-07).
 #pragma unroll
   for (int u = 0; u < kSteps; ++u) {
     const int64_t i = first + u * kPrepThreads + threadIdx.x;
-    ranks[u] = i < entries ? entry_rank[i] : 0;
+    ranks[u] = i < entries && ids[u] >= 0 && ids[u] < g.experts ? entry_rank[i] : 0;
   }
   const int chunks = int(gridDim.x);
   for (int x = threadIdx.x; x < g.experts; x += blockDim.x) {

@@ -495,6 +495,14 @@ std::vector<Case> cases() {
             presum};
   regs.tma_store = false;
   v.push_back(regs);
+  // The same with dropped slots and tokens, Zipf routing and uneven ranks: with register stores
+  // every buffer a kernel reads is written by plain stores, so compute-sanitizer's initcheck
+  // (gpu_run.sh sanitize) can check the preparation's reads (it does not count TMA bulk stores as
+  // writes; a dropped entry's rank was loaded uninitialised until 2026-12-07).
+  Case regs_drops{"regstore_drops_zipf_uneven", 512, 256, 8, 2, true, BLayout::kNK, Route::kZipf, {700, 300}, 0,
+                  0.1, 0.05, 0, presum};
+  regs_drops.tma_store = false;
+  v.push_back(regs_drops);
   // Layer 0's local-first tile order (the default since 2026-11-30 late): every expert's row tiles
   // of only local rows before the others. Skewed and uneven ranks (one rank's experts mostly
   // local, the other's mostly remote), a max_tokens bound that cuts rows, few CTAs (each takes
