@@ -4,6 +4,7 @@
 // with tools/merge_moe.py):
 //   models (H, E, topk, F): mixtral (4096, 8, 2, 14336), qwen3 (2048, 128, 8, 768),
 //                           deepseek (7168, 256, 8, 2048); tokens per rank 4096 8192 16384;
+//   and, only when named, small (512, 4, 2, 256): the layer's fixed cost at decode sizes;
 //   routing uniform or zipf (expert e drawn with p_e ~ 1 / (e + 1)^1.2).
 // Per case and rank, medians of --iters timed rounds after --warmup (CUDA events on the rank's
 // stream, a Team barrier before each timed call so that the ranks start together, the calls of a
@@ -82,8 +83,11 @@ struct Model {
 const Model kModels[] = {
     {"mixtral", 4096, 8, 2, 14336},   // Mixtral-8x7B
     {"qwen3", 2048, 128, 8, 768},     // Qwen3-30B-A3B
-    {"deepseek", 7168, 256, 8, 2048}  // DeepSeek-V3-like
-};
+    {"deepseek", 7168, 256, 8, 2048},  // DeepSeek-V3-like
+    // Not a model: weights of 3 MB, so that a decode-sized call's time is the layer's fixed
+    // cost (kernels, flags, launches), measured by parts with CCFUSE_MOE_DIAG stops; the small
+    // layer of tools/torch_moe_graph_check.py. Only when named.
+    {"small", 512, 4, 2, 256}};
 
 // ---- seeded data, bit-identical on the host and the device ---------------------------------
 
@@ -364,7 +368,7 @@ struct Args {
 };
 
 const char* const kUsage =
-    "usage: ccfuse_moe_ffn_bench [--model mixtral qwen3 deepseek] [--tokens 4096 8192 16384]\n"
+    "usage: ccfuse_moe_ffn_bench [--model mixtral qwen3 deepseek small] [--tokens 4096 8192 16384]\n"
     "                            [--routing uniform zipf] [--iters 20] [--warmup 5] [--sample 16] [--json FILE]\n"
     "                            [--print-config [--world-size W]]\n"
     "  --print-config: the MoE tuner's choice (moe_tuner.h) and why, per case, then exit; no GPU needed.\n"
@@ -454,7 +458,7 @@ bool parse_args(int argc, char** argv, Args& a, bool& help) {
     const Model* found = nullptr;
     for (const Model& k : kModels)
       if (name == k.name) found = &k;
-    if (!found) return bad(std::cerr << "--model: unknown model '" << m << "' (known: mixtral, qwen3, deepseek)\n");
+    if (!found) return bad(std::cerr << "--model: unknown model '" << m << "' (known: mixtral, qwen3, deepseek, small)\n");
     a.models.push_back(*found);
   }
   a.tokens = tokens;
