@@ -6,11 +6,14 @@
 # carry [".carry"]. Written 2026-12-06 for the first multi-GPU session after a week of one GPU.
 #
 #   bash tools/gpu_session_multi.sh PART [PART ...]
-#     tests    the whole GPU suite at W (gpu_run.sh tests: ~370 cases at W = 2, 1000-call loops and
-#              CUDA-graph replays included) and ccfuse check; then the parallel linears with autograd
-#              through torch (tools/torch_tp_linear_check.py under torchrun, W ranks), and the ops
-#              under torch.compile / opcheck (tools/torch_compile_check.py, W ranks), MoeFfn with
-#              autograd (tools/torch_moe_autograd_check.py, W ranks)
+#     tests    the whole GPU suite at W (gpu_run.sh tests: ~540 cases, 1000-call loops and CUDA-graph
+#              replays included; 207 s at W = 1 on one H100, 2026-12-07) and ccfuse check
+#     torch    through torch at W ranks (torchrun): the parallel linears with autograd
+#              (tools/torch_tp_linear_check.py), the ops under torch.compile / opcheck
+#              (tools/torch_compile_check.py), MoeFfn with autograd in every backward mode
+#              (tools/torch_moe_autograd_check.py), MoeLayer under CUDA graphs for serving
+#              (tools/torch_moe_graph_check.py). Split from tests on 2026-12-07: both in one call
+#              could pass the 10-minute limit.
 #     layers   ccfuse.layers.MoeLayer trained at W ranks (tools/torch_layers_check.py --compile: gate,
 #              GPU router, fused experts, both backward modes, eager and compiled, against fp32 torch)
 #     tp       the TP table: comm microbench, fused vs serial NCCL+cuBLAS vs PyTorch async-TP in one
@@ -29,6 +32,8 @@ mkdir -p "$O"
 for gz in .carry/bin/*.gz; do [ -e "$gz" ] && gunzip -f "$gz" && chmod +x "${gz%.gz}"; done
 ngpu=$(nvidia-smi -L | wc -l)
 lines=()
+# Seconds left of the call (CCFUSE_SESSION_BUDGET_S, default 570: the device tool's 600 less a margin).
+left() { echo $(( ${CCFUSE_SESSION_BUDGET_S:-570} - SECONDS )); }
 unpack() { [ -f "$1/ccfuse-results.tgz" ] && tar xzf "$1/ccfuse-results.tgz" -C "$1" && rm -f "$1/ccfuse-results.tgz"; }
 for part in "$@"; do
   d=$O/$part
@@ -39,21 +44,31 @@ for part in "$@"; do
       unpack "$d"
       lines+=("tests at W = $ngpu: $(grep -E '^\[  (PASSED|FAILED) ' "$d/gpu_tests.log" | tr '\n' ' '); check $(grep -c '^PASS' "$d/gpu_check.log") PASS $(grep -c '^FAIL' "$d/gpu_check.log") FAIL")
       while read -r l; do lines+=("  $l"); done < <(grep -E '^\[  FAILED  \] [A-Z]' "$d/gpu_tests.log" | sort -u | head -10)
-      ( source tools/gpu_env.sh
-        timeout 240 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_tp_linear_check.py \
-          --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/tp_linear.jsonl" > "$d/tp_linear.log" 2>&1
-        echo "rc=$?" >> "$d/tp_linear.log" )
-      lines+=("parallel linears at W = $ngpu: $(grep -E '^torch_tp_linear_check:|^rc=' "$d/tp_linear.log" | tr '\n' ' ')")
-      ( source tools/gpu_env.sh
-        timeout 300 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_compile_check.py \
-          --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/compile.jsonl" > "$d/compile.log" 2>&1
-        echo "rc=$?" >> "$d/compile.log" )
-      lines+=("torch.compile / opcheck at W = $ngpu: $(grep -E '^torch_compile_check:|^rc=' "$d/compile.log" | tr '\n' ' ')")
-      ( source tools/gpu_env.sh
-        timeout 240 python3 -m torch.distributed.run --nproc-per-node "$ngpu" tools/torch_moe_autograd_check.py \
-          --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/moe_autograd.jsonl" > "$d/moe_autograd.log" 2>&1
-        echo "rc=$?" >> "$d/moe_autograd.log" )
-      lines+=("MoeFfn autograd at W = $ngpu: $(grep -E '^torch_moe_autograd_check:|timing|^rc=' "$d/moe_autograd.log" | cut -c1-160 | tr '\n' ' ')")
+      ;;
+    torch)
+      # Each check under min(its limit, what is left of the call's budget); one that no longer
+      # fits (under 60 s left) is skipped and named.
+      torch_check() {
+        local name=$1 limit=$2 script=$3
+        shift 3
+        local t=$(( $(left) - 15 ))
+        [ "$t" -lt "$limit" ] && limit=$t
+        if [ "$limit" -lt 60 ]; then echo "skipped: $(left) s left of the call" > "$d/$name.log"; return; fi
+        ( source tools/gpu_env.sh
+          timeout "$limit" python3 -m torch.distributed.run --nproc-per-node "$ngpu" "tools/$script" \
+            --ccfuse-lib .carry/bin/libccfuse_c.so --json "$d/$name.jsonl" "$@" > "$d/$name.log" 2>&1
+          echo "rc=$?" >> "$d/$name.log" )
+      }
+      torch_check tp_linear 150 torch_tp_linear_check.py
+      lines+=("parallel linears at W = $ngpu: $(grep -E '^torch_tp_linear_check:|^rc=|^skipped' "$d/tp_linear.log" | tr '\n' ' ')")
+      torch_check moe_autograd 180 torch_moe_autograd_check.py \
+        --backward unfused,fused,fused_keep,fused_keep_kw,fused_kw_mg,fused_keep_b1
+      lines+=("MoeFfn autograd at W = $ngpu: $(grep -E '^torch_moe_autograd_check:|timing|^rc=|^skipped' "$d/moe_autograd.log" | cut -c1-160 | tr '\n' ' ')")
+      torch_check moe_graph 120 torch_moe_graph_check.py
+      lines+=("MoeLayer under CUDA graphs at W = $ngpu: $(grep -E '^torch_moe_graph_check:|^rc=|^skipped' "$d/moe_graph.log" | tr '\n' ' ')")
+      while read -r l; do lines+=("  $l"); done < <(grep -E '^rank 0 ' "$d/moe_graph.log" | cut -c1-200 | head -8)
+      torch_check compile 240 torch_compile_check.py
+      lines+=("torch.compile / opcheck at W = $ngpu: $(grep -E '^torch_compile_check:|^rc=|^skipped' "$d/compile.log" | tr '\n' ' ')")
       ;;
     layers)
       ( source tools/gpu_env.sh
@@ -120,7 +135,7 @@ PY
       while read -r l; do lines+=("  $l"); done < <(grep -E '^(mixtral|qwen3|deepseek) +T=' "$d/moe_decode_serial.log" |
         sed -E 's/ +gemm .*ccfuse_inproc/ ccfuse/; s/ combine.*serial_paired/ paired/; s/\] +limit.*(PASS|FAIL)/ \1/; s/rows.*//')
       ;;
-    *) echo "gpu_session_multi.sh: unknown part '$part' (tests layers tp moe moediag pairs decode)" >&2; exit 2 ;;
+    *) echo "gpu_session_multi.sh: unknown part '$part' (tests torch layers tp moe moediag pairs decode)" >&2; exit 2 ;;
   esac
 done
 echo "== $(nvidia-smi -L | head -1 | cut -c1-60) x $ngpu, binaries $(cat .carry/commit 2>/dev/null)"
