@@ -6,13 +6,17 @@
 # (2) the MoE layer's fixed cost at decode sizes by parts (the graph check's ~50 us a call at
 #     T = 1 on a layer of 3 MB of weights): ccfuse_moe_ffn_bench --model small (and qwen3 at 64
 #     tokens) with each CCFUSE_MOE_DIAG stop; t_layer0 with l0stopbegin / l0stoprank / l0stoplist
-#     / l0pre is the preparation up to that step, t_layer1 with l1gemm the row map and the GEMM.
+#     / l0pre is the preparation up to that step, t_layer1 with l1gemm the row map and the GEMM;
+# (3) two Teams in one process (torch_ops.MoeFfn(group=), new 2026-12-07): tools/
+#     torch_team_groups_check.py at W = 1 (the MoE FFN on a second group's Team equal to the same
+#     layer on init()'s, bit for bit, forward and backward, TP ops between them), and its
+#     --inject-fault (must exit 1).
 # Logs in one tarball, the table last.
 #   bash tools/gpu_session_1208a.sh [PART ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/gpu_session_lib.sh
-parts=" ${*:-1 2} "
+parts=" ${*:-1 3 2} "
 if [[ $parts == *" 1 "* ]]; then
   CCFUSE_WATCHDOG_MS=120000 timeout 90 compute-sanitizer --tool initcheck --check-api-memory-access no \
     --print-limit 20 --report-api-errors no --error-exitcode 9 $B/ccfuse_gpu_tests \
@@ -32,5 +36,15 @@ if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 90 ]; then
   done
   table+=("decode floor by parts (ms; the stops' results are wrong on purpose):")
   while read -r l; do table+=("  $l"); done < <(python3 tools/moe_records.py "$O/logs/floor.jsonl")
+fi
+if [[ $parts == *" 3 "* ]] && [ "$(left)" -gt 60 ]; then
+  for v in "" --inject-fault; do
+    name=team_groups${v:+_fault}
+    json=""; [ -z "$v" ] && json="--json $O/logs/$name.jsonl"
+    timeout 120 python3 -m torch.distributed.run --nproc-per-node 1 tools/torch_team_groups_check.py \
+      --ccfuse-lib $B/libccfuse_c.so $json $v > "$O/logs/$name.log" 2>&1
+    table+=("$name: rc=$? $(grep -E '^torch_team_groups_check:' "$O/logs/$name.log")")
+    while read -r l; do table+=("  $l"); done < <(grep -E '^rank |Error' "$O/logs/$name.log" | cut -c1-200 | head -6)
+  done
 fi
 finish gpu_session_1208a

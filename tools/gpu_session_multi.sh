@@ -12,7 +12,8 @@
 #              (tools/torch_tp_linear_check.py), the ops under torch.compile / opcheck
 #              (tools/torch_compile_check.py), MoeFfn with autograd in every backward mode
 #              (tools/torch_moe_autograd_check.py), MoeLayer under CUDA graphs for serving
-#              (tools/torch_moe_graph_check.py). Split from tests on 2026-12-07: both in one call
+#              (tools/torch_moe_graph_check.py), the MoE FFN on a second group's Team
+#              (tools/torch_team_groups_check.py). Split from tests on 2026-12-07: both in one call
 #              could pass the 10-minute limit.
 #     layers   ccfuse.layers.MoeLayer trained at W ranks (tools/torch_layers_check.py --compile: gate,
 #              GPU router, fused experts, both backward modes, eager and compiled, against fp32 torch)
@@ -67,6 +68,8 @@ for part in "$@"; do
       torch_check moe_graph 120 torch_moe_graph_check.py
       lines+=("MoeLayer under CUDA graphs at W = $ngpu: $(grep -E '^torch_moe_graph_check:|^rc=|^skipped' "$d/moe_graph.log" | tr '\n' ' ')")
       while read -r l; do lines+=("  $l"); done < <(grep -E '^rank 0 ' "$d/moe_graph.log" | cut -c1-200 | head -8)
+      torch_check team_groups 90 torch_team_groups_check.py
+      lines+=("two Teams (MoeFfn on an EP group) at W = $ngpu: $(grep -E '^torch_team_groups_check:|^rc=|^skipped' "$d/team_groups.log" | tr '\n' ' ')")
       torch_check compile 240 torch_compile_check.py
       lines+=("torch.compile / opcheck at W = $ngpu: $(grep -E '^torch_compile_check:|^rc=|^skipped' "$d/compile.log" | tr '\n' ' ')")
       ;;

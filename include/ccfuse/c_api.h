@@ -11,6 +11,17 @@
  *   ccfuse_tp_run(op, a, b, c, stream)            one call (collective, in stream order)
  *   ccfuse_tp_destroy(op); ccfuse_finalize()      collective, before the launcher's teardown
  *
+ * More Teams, one per further NCCL communicator (e.g. the tensor-parallel ops on the TP group's,
+ * the MoE FFN on the expert-parallel group's; added 2026-12-07):
+ *   ccfuse_team_create_from_comm(nccl_comm, &team)             collective over that communicator
+ *   ccfuse_tp_create_on(team, "gemm_rs", m, n, k, 1, 0, &op)    (and ccfuse_moe_ffn_create_on,
+ *                                                               ccfuse_moe_ffn_backward_create_on)
+ *   ccfuse_team_destroy(team)                                   collective
+ * A null team in the _on functions means the process's Team (ccfuse_init_*): ccfuse_tp_create_typed
+ * (op, ...) is ccfuse_tp_create_on(NULL, op, ...). Every op holds its Team: a Team freed by
+ * ccfuse_finalize or ccfuse_team_destroy while its ops live is released when the last of them is
+ * destroyed (destroy ops first, in the same order on every rank: releasing a Team is collective).
+ *
  * Shapes follow the `ccfuse` tool: m is the global M and k the global K. ag_gemm: a = A_r
  * [m/W, k], c = [m, n]; gemm_rs: a = A_r [m, k/W], c = this rank's rows [m/W, n]; gemm_ar:
  * a = A_r [m, k/W], c = [m, n]. b is B_r: [k', n] row-major with b_kn = 1 (a torch [K, N]
@@ -78,6 +89,7 @@
 extern "C" {
 #endif
 
+typedef struct ccfuse_team ccfuse_team;
 typedef struct ccfuse_tp_op ccfuse_tp_op;
 typedef struct ccfuse_moe_ffn ccfuse_moe_ffn;
 typedef struct ccfuse_moe_ffn_backward ccfuse_moe_ffn_backward;
@@ -89,11 +101,19 @@ int ccfuse_init_from_env(void);
  * minor). Collective over the communicator's ranks; fails if a Team exists (ccfuse_finalize first). */
 int ccfuse_init_from_comm(void* nccl_comm);
 int ccfuse_world_size(int* out);
+/* A further Team around an NCCL communicator the caller owns (not destroyed with the Team; it must
+ * outlive every op made on the Team), beside the process's one; collective over its ranks. */
+int ccfuse_team_create_from_comm(void* nccl_comm, ccfuse_team** out);
+int ccfuse_team_world_size(ccfuse_team* team, int* out);
+int ccfuse_team_destroy(ccfuse_team* team);
 /* The op's default configuration; ag_gemm takes the TP tuner's transport (the copy engine where
  * the push is dense, tp::ag_copy_engine_pays; docs/tp-tuner.md), as `ccfuse bench` does. */
 int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, ccfuse_tp_op** out);
 /* The same with the element type: dtype 0 = bf16 (what ccfuse_tp_create takes), 1 = fp16. */
 int ccfuse_tp_create_typed(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, int dtype, ccfuse_tp_op** out);
+/* ccfuse_tp_create_typed on `team` (null: the process's Team). */
+int ccfuse_tp_create_on(ccfuse_team* team, const char* op, int64_t m, int64_t n, int64_t k, int b_kn, int dtype,
+                        ccfuse_tp_op** out);
 int ccfuse_tp_run(ccfuse_tp_op* op, const void* a, const void* b, void* c, void* stream);
 /* ag_gemm only: the gathered A [M, K] of this op's last call (every rank's band, in rank order), a
  * device pointer into the op's symmetric buffer. It holds the last call's rows until the op's next
@@ -103,6 +123,9 @@ int ccfuse_tp_gathered(ccfuse_tp_op* op, const void** out);
 int ccfuse_tp_destroy(ccfuse_tp_op* op);
 int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk, int swiglu,
                           int b_kn, double imbalance, ccfuse_moe_ffn** out);
+/* ccfuse_moe_ffn_create on `team` (null: the process's Team): E / W experts a rank, W its size. */
+int ccfuse_moe_ffn_create_on(ccfuse_team* team, int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts,
+                             int topk, int swiglu, int b_kn, double imbalance, ccfuse_moe_ffn** out);
 int ccfuse_moe_ffn_run(ccfuse_moe_ffn* ffn, const void* x, int64_t num_tokens, const int32_t* topk_ids,
                        const float* topk_w, const void* w1, const void* w2, void* out, void* stream);
 /* Training: ccfuse_moe_ffn_run that also keeps layer 0's pre-activation in preact_out, bf16
@@ -128,6 +151,9 @@ int ccfuse_moe_ffn_destroy(ccfuse_moe_ffn* ffn);
 int ccfuse_moe_ffn_backward_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk,
                                    int swiglu, int b_kn, int w1_swiglu_tiles, double imbalance,
                                    ccfuse_moe_ffn_backward** out);
+int ccfuse_moe_ffn_backward_create_on(ccfuse_team* team, int64_t max_tokens, int64_t hidden, int64_t ffn,
+                                      int num_experts, int topk, int swiglu, int b_kn, int w1_swiglu_tiles,
+                                      double imbalance, ccfuse_moe_ffn_backward** out);
 int ccfuse_moe_ffn_backward_run(ccfuse_moe_ffn_backward* bwd, const void* x, int64_t num_tokens,
                                 const int32_t* topk_ids, const float* topk_w, const void* w1, const void* w2,
                                 const void* g, void* dx, float* dtopk_w, void* stream);

@@ -13,6 +13,8 @@ dependency here; ccfuse.torch_ops wraps it for torch tensors).
     moe.run_keep(..., out, preact, stream, preact_rows=R)  # training: layer 0's pre-activation [R, 2F] kept
                                             # (R <= moe.max_rows(); 0: all of them)
     moe.close(); lib.finalize()
+    ep = lib.team_from_comm(comm_ptr)      # a further Team on another NCCL communicator (collective)
+    moe = lib.moe_ffn_create(..., team=ep) # ops take team= (None: the process's Team); ep.close()
     lib.gemm(m, n, k, a, b, c, stream, b_kn=False)          # single GPU, no Team: c = a @ b
                                                             # (workspace=: gemm_workspace_bytes(...) bytes)
     ws = lib.grouped_gemm_workspace_bytes(num_groups)       # bytes of device memory for:
@@ -51,6 +53,26 @@ class TpOp:
     def close(self):
         if self._h:
             self._lib._check(self._lib._dll.ccfuse_tp_destroy(self._h))
+            self._h = None
+
+
+class Team:
+    """A further Team (Ccfuse.team_from_comm): pass it as team= to the create methods."""
+
+    def __init__(self, lib, handle):
+        self._lib, self._h = lib, handle
+
+    def world_size(self):
+        if not self._h:
+            raise CcfuseError("this Team was closed")
+        w = ctypes.c_int()
+        self._lib._check(self._lib._dll.ccfuse_team_world_size(self._h, ctypes.byref(w)))
+        return w.value
+
+    def close(self):
+        """Collective; ops still open on the Team keep it until they are closed."""
+        if self._h:
+            self._lib._check(self._lib._dll.ccfuse_team_destroy(self._h))
             self._h = None
 
 
@@ -134,6 +156,17 @@ class Ccfuse:
         d.ccfuse_tp_gathered.argtypes = [vp, ctypes.POINTER(vp)]
         d.ccfuse_tp_destroy.argtypes = [vp]
         d.ccfuse_finalize.argtypes = []
+        if hasattr(d, "ccfuse_team_create_from_comm"):  # a library older than this package lacks them
+            d.ccfuse_team_create_from_comm.argtypes = [vp, ctypes.POINTER(vp)]
+            d.ccfuse_team_world_size.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
+            d.ccfuse_team_destroy.argtypes = [vp]
+            d.ccfuse_tp_create_on.argtypes = [vp, ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.c_int,
+                                              ctypes.POINTER(vp)]
+            d.ccfuse_moe_ffn_create_on.argtypes = [vp, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                                   ctypes.c_int, ctypes.c_double, ctypes.POINTER(vp)]
+            d.ccfuse_moe_ffn_backward_create_on.argtypes = [vp, i64, i64, i64, ctypes.c_int, ctypes.c_int,
+                                                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+                                                            ctypes.POINTER(vp)]
         d.ccfuse_moe_ffn_create.argtypes = [i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                             ctypes.c_double, ctypes.POINTER(vp)]
         d.ccfuse_moe_ffn_run.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, vp]
@@ -177,25 +210,54 @@ class Ccfuse:
         self._check(self._dll.ccfuse_world_size(ctypes.byref(w)))
         return w.value
 
-    def tp_create(self, op, m, n, k, b_kn=True, dtype="bf16"):
+    def team_from_comm(self, nccl_comm):
+        """A further Team around an ncclComm_t the caller owns (an int address), beside the process's
+        one (collective over that communicator's ranks); ops made with team= it run on its ranks."""
         h = ctypes.c_void_p()
-        self._check(self._dll.ccfuse_tp_create_typed(op.encode(), m, n, k, 1 if b_kn else 0, self._dtype(dtype),
-                                                     ctypes.byref(h)))
+        self._check(self._dll.ccfuse_team_create_from_comm(nccl_comm, ctypes.byref(h)))
+        return Team(self, h)
+
+    def _team_handle(self, team):
+        """The C handle of team= (None: the process's Team, a null handle)."""
+        if team is None:
+            return None
+        if not isinstance(team, Team) or team._lib is not self:
+            raise CcfuseError("team must be a Team from this library's team_from_comm (or None), got %s"
+                              % type(team).__name__)
+        if not team._h:
+            raise CcfuseError("team was closed: make its ops on an open Team")
+        return team._h
+
+    def tp_create(self, op, m, n, k, b_kn=True, dtype="bf16", team=None):
+        h = ctypes.c_void_p()
+        if team is None:  # the process's Team (a library without the _on entry points works too)
+            self._check(self._dll.ccfuse_tp_create_typed(op.encode(), m, n, k, 1 if b_kn else 0, self._dtype(dtype),
+                                                         ctypes.byref(h)))
+        else:
+            self._check(self._dll.ccfuse_tp_create_on(self._team_handle(team), op.encode(), m, n, k,
+                                                      1 if b_kn else 0, self._dtype(dtype), ctypes.byref(h)))
         return TpOp(self, h, op)
 
-    def moe_ffn_create(self, max_tokens, hidden, ffn, num_experts, topk, swiglu=True, b_kn=False, imbalance=0.0):
+    def moe_ffn_create(self, max_tokens, hidden, ffn, num_experts, topk, swiglu=True, b_kn=False, imbalance=0.0,
+                       team=None):
         h = ctypes.c_void_p()
-        self._check(self._dll.ccfuse_moe_ffn_create(max_tokens, hidden, ffn, num_experts, topk, 1 if swiglu else 0,
-                                                    1 if b_kn else 0, float(imbalance), ctypes.byref(h)))
+        args = (max_tokens, hidden, ffn, num_experts, topk, 1 if swiglu else 0, 1 if b_kn else 0, float(imbalance),
+                ctypes.byref(h))
+        if team is None:
+            self._check(self._dll.ccfuse_moe_ffn_create(*args))
+        else:
+            self._check(self._dll.ccfuse_moe_ffn_create_on(self._team_handle(team), *args))
         return MoeFfn(self, h)
 
     def moe_ffn_backward_create(self, max_tokens, hidden, ffn, num_experts, topk, swiglu=True, b_kn=False,
-                                w1_swiglu_tiles=False, imbalance=0.0):
+                                w1_swiglu_tiles=False, imbalance=0.0, team=None):
         h = ctypes.c_void_p()
-        self._check(self._dll.ccfuse_moe_ffn_backward_create(max_tokens, hidden, ffn, num_experts, topk,
-                                                             1 if swiglu else 0, 1 if b_kn else 0,
-                                                             1 if w1_swiglu_tiles else 0, float(imbalance),
-                                                             ctypes.byref(h)))
+        args = (max_tokens, hidden, ffn, num_experts, topk, 1 if swiglu else 0, 1 if b_kn else 0,
+                1 if w1_swiglu_tiles else 0, float(imbalance), ctypes.byref(h))
+        if team is None:
+            self._check(self._dll.ccfuse_moe_ffn_backward_create(*args))
+        else:
+            self._check(self._dll.ccfuse_moe_ffn_backward_create_on(self._team_handle(team), *args))
         return MoeFfnBackward(self, h)
 
     def swiglu_permutation(self, ffn):

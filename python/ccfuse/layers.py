@@ -22,8 +22,12 @@ from torch import nn
 from . import torch_ops as cf
 
 
-def _world_size():
-    return cf._need_lib().world_size()
+def _world_size(group=None):
+    """The ranks of the Team a layer runs on: init()'s, or `group`'s (its experts' group)."""
+    if group is None or group is cf._group:
+        return cf._need_lib().world_size()
+    import torch.distributed as dist
+    return dist.get_world_size(group)
 
 
 def _default_device(device):
@@ -142,14 +146,18 @@ class MoeExperts(nn.Module):
       w.zero_out_wgrad, else empty) and the flag is set to True, so the weight's gradient hooks
       (Megatron DDP's) still run and skip their add; without the flag autograd gets None for the
       weight (w.grad stays None: the optimizer must read w.main_grad).
+    - process_group (None: the Team of torch_ops.init()): the expert-parallel group when it is not
+      init()'s (e.g. TP ops on the TP group, the experts over the EP group); E/W experts a rank
+      with W its size (torch_ops.MoeFfn's group).
     The option checks are MoeFfn's (torch_ops.moe_ffn_options: a ValueError naming the argument and
     the rule), at construction (a meta-device build too) and again when MoeFfn is made."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, imbalance=0.0, backward="fused",
                  recompute=None, dtype=torch.bfloat16, device=None, *, wgrad="ccfuse", main_grad=False,
-                 kept_rows=None):
+                 kept_rows=None, process_group=None):
         super().__init__()
-        w = _world_size()
+        self.process_group = process_group
+        w = _world_size(process_group)
         _divisible("num_experts", num_experts, w, "each rank holds num_experts / W experts")
         if not 0 < topk <= num_experts:
             raise ValueError("topk %d must be in [1, num_experts %d]" % (topk, num_experts))
@@ -181,7 +189,7 @@ class MoeExperts(nn.Module):
         self._layer = cf.MoeFfn(self.w1, self.w2, num_experts=self.num_experts, topk=self.topk,
                                 max_tokens=self.max_tokens, imbalance=self.imbalance, backward=self.backward,
                                 recompute=self.recompute, wgrad=self.wgrad, main_grad=self.main_grad,
-                                kept_rows=self.kept_rows)
+                                kept_rows=self.kept_rows, group=self.process_group)
         return self
 
     def forward(self, x, topk_ids, topk_w):
@@ -247,12 +255,14 @@ class MoeLayer(nn.Module):
     recompute=False; None: the default) go to the experts (MoeExperts, then torch_ops.MoeFfn),
     with their defaults, meaning and checks (MoeExperts' docstring); they show in the experts'
     repr. main_grad=True: give self.experts.w1 and self.experts.w2 their fp32 `main_grad` (and
-    `grad_added_to_main_grad`) as MoeExperts says; the gate's gradient stays autograd's (.grad)."""
+    `grad_added_to_main_grad`) as MoeExperts says; the gate's gradient stays autograd's (.grad).
+    process_group (keyword-only; None: init()'s Team): the experts' group (MoeExperts); the
+    balancing step sums the expert counts over it."""
 
     def __init__(self, hidden, ffn, num_experts, topk, max_tokens, score="softmax", normalize=True,
                  capacity_factor=0.0, drop="position", bias_update_rate=0.0, imbalance=0.0, backward="fused",
                  recompute=None, dtype=torch.bfloat16, device=None, *, wgrad="ccfuse", main_grad=False,
-                 kept_rows=None):
+                 kept_rows=None, process_group=None):
         super().__init__()
         if score not in ("softmax", "sigmoid"):
             raise ValueError("score must be 'softmax' or 'sigmoid', got %r" % (score,))
@@ -265,7 +275,8 @@ class MoeLayer(nn.Module):
         self.capacity_factor, self.drop, self.bias_update_rate = float(capacity_factor), drop, float(bias_update_rate)
         self.experts = MoeExperts(hidden, ffn, num_experts, topk, max_tokens, imbalance=imbalance,
                                   backward=backward, recompute=recompute, dtype=dtype, device=device,
-                                  wgrad=wgrad, main_grad=main_grad, kept_rows=kept_rows)
+                                  wgrad=wgrad, main_grad=main_grad, kept_rows=kept_rows,
+                                  process_group=process_group)
         self.gate = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32, device=device))
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
         # the step's count, not state: left out of state_dict
@@ -297,9 +308,10 @@ class MoeLayer(nn.Module):
         if self.bias_update_rate <= 0:
             return self.expert_bias
         load = self.tokens_seen
-        if cf._need_lib().world_size() > 1:
+        group = self.experts.process_group
+        if _world_size(group) > 1:
             import torch.distributed as dist
-            dist.all_reduce(load, group=cf._group)
+            dist.all_reduce(load, group=cf._group if group is None else group)
         cf.update_router_bias(self.expert_bias, load, self.bias_update_rate)
         load.zero_()
         return self.expert_bias

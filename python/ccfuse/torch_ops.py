@@ -46,6 +46,7 @@ _mm_ws_bytes = {}  # mm: workspace bytes per (m, n, k, b_is_weight, dtype, devic
 
 
 _group = None  # the torch.distributed group of ccfuse's Team (None: the default group)
+_teams = {}  # id(group) -> (group, _capi.Team): further Teams, one per other group (MoeFfn(group=))
 
 
 def init(lib_path=None, process_group=None):
@@ -91,14 +92,32 @@ def _nccl_comm(group):
     return ptr
 
 
+def _team_for(group):
+    """(the Team to make an op on: None for the process's, its world size, the torch group its
+    backward's collectives use) for ops on `group`: None or init()'s group is the process's Team;
+    another NCCL group (e.g. the expert-parallel one beside a tensor-parallel init) gets a Team of
+    its own on its communicator, made at its first use (collective over the group) and kept until
+    finalize()."""
+    lib = _need_lib()
+    if group is None or group is _group:
+        return None, lib.world_size(), _group
+    entry = _teams.get(id(group))
+    if entry is None:
+        entry = _teams[id(group)] = (group, lib.team_from_comm(_nccl_comm(group)))
+    return entry[1], entry[1].world_size(), group
+
+
 def finalize():
-    """Frees every cached op and the Team (collective)."""
+    """Frees every cached op and the Teams (collective)."""
     global _lib, _group
     for ffn in list(_moe_ffns.values()):
         ffn.close()
     for op in _ops.values():
         op.close()
     _ops.clear()
+    for _g, team in _teams.values():
+        team.close()
+    _teams.clear()
     if _lib is not None:
         _lib.finalize()
         _lib = None
@@ -692,12 +711,19 @@ class MoeFfn:
     Megatron does without the fusion). The gradients autograd sees for w1 and w2 are then, as in
     Megatron: a dummy tensor (empty, or zeros if the weight's zero_out_wgrad is set) with the
     weight's grad_added_to_main_grad set to True when the weight has that attribute, else None.
+    group (None: the Team of init()): the expert-parallel group, an NCCL group of torch.distributed,
+    when it is not init()'s (Megatron's and TorchTitan's EP group beside a tensor-parallel init):
+    the experts split over its W ranks, the layer runs on a Team of its own on that group's
+    communicator (made at the group's first use, collective over it; closed by finalize()), and
+    the unfused backward's all-to-alls run on it. (Written 2026-12-07; not yet run on GPUs.)
     """
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=None,
-                 wgrad="ccfuse", main_grad=False, kept_rows=None):
+                 wgrad="ccfuse", main_grad=False, kept_rows=None, group=None):
         lib = _need_lib()
         recompute = moe_ffn_options(backward, recompute, wgrad, main_grad, kept_rows)
+        self._team, world, self._group = _team_for(group)
+        self._team_kw = {} if self._team is None else {"team": self._team}
         _check("w1", w1, 3)
         _check("w2", w2, 3)
         e_local, two_f, h = w1.shape
@@ -705,9 +731,10 @@ class MoeFfn:
         if two_f % 2 or tuple(w2.shape) != (e_local, h, f):
             raise ValueError("w2 must be [E/W, H, F] = %s for w1 %s, got %s" % (
                 (e_local, h, f), tuple(w1.shape), tuple(w2.shape)))
-        if e_local * lib.world_size() != num_experts:
+        if e_local * world != num_experts:
             raise ValueError("w1 holds %d experts, but num_experts %d / world size %d = %s" % (
-                e_local, num_experts, lib.world_size(), num_experts / lib.world_size()))
+                e_local, num_experts, world, num_experts / world))
+        self._world = world
         self._perm = torch.tensor(lib.swiglu_permutation(f), dtype=torch.long, device=w1.device)
         self._w1_src = w1  # the caller's (gate rows, then up rows): what autograd differentiates
         self.w1 = w1.detach().index_select(1, self._perm).contiguous()
@@ -721,7 +748,7 @@ class MoeFfn:
         self._bwd = None  # the fused backward's handle, made at its first use (collective: every rank's
         #                   first backward, as every rank runs the same layers)
         self._ffn = lib.moe_ffn_create(max_tokens, h, f, num_experts, topk, swiglu=True, b_kn=False,
-                                       imbalance=imbalance)
+                                       imbalance=imbalance, **self._team_kw)
         # torch.ops.ccfuse.moe_ffn finds this layer by its number (a custom op takes no objects)
         self._handle = _next_moe_handle[0]
         _next_moe_handle[0] += 1
@@ -836,7 +863,7 @@ class MoeFfn:
         if self._bwd is None:
             self._bwd = _need_lib().moe_ffn_backward_create(self.max_tokens, self.hidden, self.ffn, self.num_experts,
                                                             self.topk, swiglu=True, b_kn=False, w1_swiglu_tiles=False,
-                                                            imbalance=self.imbalance)
+                                                            imbalance=self.imbalance, **self._team_kw)
         t = x.shape[0]
         dx = torch.empty_like(x)
         dw = torch.empty((t, self.topk), dtype=torch.float32, device=x.device)
@@ -957,12 +984,12 @@ class _MoeFfnFn(torch.autograd.Function):
                 dx, dw, dw1, dw2 = ffn._fused_backward(*args, h)
             return (dx if need[0] else None, dw if need[1] else None, dw1 if need[2] else None,
                     dw2 if need[3] else None, None, None)
-        if _need_lib().world_size() > 1:
+        if ffn._world > 1:
             import torch.distributed as dist
             if not (dist.is_available() and dist.is_initialized()):
                 raise ValueError("MoeFfn backward at world size > 1 needs torch.distributed initialised over the "
                                  "same ranks (dist.init_process_group)")
-            exchange = moe_grad.DistExchange(_group)
+            exchange = moe_grad.DistExchange(ffn._group)
         else:
             exchange = moe_grad.LocalExchange()
         dx, dw, dw1, dw2 = moe_grad.backward(x, topk_ids, topk_w, g.contiguous(), w1, w2, ffn.num_experts,

@@ -1,4 +1,6 @@
-// The C ABI of include/ccfuse/c_api.h: a process-wide Team and the TP ops behind opaque handles.
+// The C ABI of include/ccfuse/c_api.h: a process-wide Team, further Teams on other communicators,
+// and the ops behind opaque handles. Every op holds a reference to its Team (shared_ptr), so that
+// ccfuse_finalize / ccfuse_team_destroy before an op's destroy leaves no op on a freed Team.
 #include "ccfuse/c_api.h"
 
 #include <algorithm>
@@ -21,7 +23,13 @@
 #include "ccfuse/tp/gemm_rs.h"
 #include "ccfuse/tp/tuner.h"
 
+struct ccfuse_team {
+  std::shared_ptr<ccfuse::comm::Team> team;
+};
+
+// `team` first: members are destroyed in reverse order, so the op goes before its Team.
 struct ccfuse_tp_op {
+  std::shared_ptr<ccfuse::comm::Team> team;
   std::string op;
   std::unique_ptr<ccfuse::tp::AgGemm> ag;
   std::unique_ptr<ccfuse::tp::GemmRs> rs;
@@ -29,11 +37,13 @@ struct ccfuse_tp_op {
 };
 
 struct ccfuse_moe_ffn {
+  std::shared_ptr<ccfuse::comm::Team> team;
   std::unique_ptr<ccfuse::moe::MoeFfn> ffn;
   std::string description;
 };
 
 struct ccfuse_moe_ffn_backward {
+  std::shared_ptr<ccfuse::comm::Team> team;
   std::unique_ptr<ccfuse::moe::MoeFfnBackward> bwd;
 };
 
@@ -41,7 +51,7 @@ namespace {
 
 thread_local std::string last_error;
 std::mutex team_mu;
-std::unique_ptr<ccfuse::comm::Team> team;
+std::shared_ptr<ccfuse::comm::Team> team;  // the process's (ccfuse_init_*)
 
 // Runs fn; an exception becomes the return code 1 and this thread's last error.
 template <class F>
@@ -58,10 +68,15 @@ int guarded(F&& fn) {
   return 1;
 }
 
-ccfuse::comm::Team& the_team() {
+std::shared_ptr<ccfuse::comm::Team> the_team() {
   std::lock_guard<std::mutex> lock(team_mu);
   CCFUSE_ARG_CHECK(team != nullptr, "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first");
-  return *team;
+  return team;
+}
+
+// The Team an op is made on: `t` (from ccfuse_team_create_from_comm), or the process's for null.
+std::shared_ptr<ccfuse::comm::Team> team_of(ccfuse_team* t) {
+  return t == nullptr ? the_team() : t->team;
 }
 
 // The C ABI's dtype and b_kn codes, checked.
@@ -121,8 +136,31 @@ int ccfuse_init_from_comm(void* nccl_comm) {
 int ccfuse_world_size(int* out) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
-    *out = the_team().world_size();
+    *out = the_team()->world_size();
   });
+}
+
+int ccfuse_team_create_from_comm(void* nccl_comm, ccfuse_team** out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
+    *out = nullptr;
+    CCFUSE_ARG_CHECK(nccl_comm != nullptr, "nccl_comm must be a valid ncclComm_t, got null");
+    auto h = std::make_unique<ccfuse_team>();
+    h->team = ccfuse::comm::Team::from_comm(static_cast<ncclComm_t>(nccl_comm));
+    *out = h.release();
+  });
+}
+
+int ccfuse_team_world_size(ccfuse_team* team_handle, int* out) {
+  return guarded([&] {
+    CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
+    CCFUSE_ARG_CHECK(team_handle != nullptr, "team must be a handle from ccfuse_team_create_from_comm, got null");
+    *out = team_of(team_handle)->world_size();
+  });
+}
+
+int ccfuse_team_destroy(ccfuse_team* team_handle) {
+  return guarded([&] { delete team_handle; });
 }
 
 int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, ccfuse_tp_op** out) {
@@ -130,6 +168,11 @@ int ccfuse_tp_create(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, 
 }
 
 int ccfuse_tp_create_typed(const char* op, int64_t m, int64_t n, int64_t k, int b_kn, int dtype, ccfuse_tp_op** out) {
+  return ccfuse_tp_create_on(nullptr, op, m, n, k, b_kn, dtype, out);
+}
+
+int ccfuse_tp_create_on(ccfuse_team* team_handle, const char* op, int64_t m, int64_t n, int64_t k, int b_kn,
+                        int dtype, ccfuse_tp_op** out) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
     *out = nullptr;
@@ -138,10 +181,11 @@ int ccfuse_tp_create_typed(const char* op, int64_t m, int64_t n, int64_t k, int 
     CCFUSE_ARG_CHECK(name == "ag_gemm" || name == "gemm_rs" || name == "gemm_ar", "op '", name,
                      "' is not a fused TP op (ag_gemm, gemm_rs, gemm_ar)");
     CCFUSE_ARG_CHECK(b_kn == 0 || b_kn == 1, "b_kn ", b_kn, " must be 0 (B is [n, k]) or 1 (B is [k, n])");
-    ccfuse::comm::Team& t = the_team();
+    auto h = std::make_unique<ccfuse_tp_op>();
+    h->team = team_of(team_handle);
+    ccfuse::comm::Team& t = *h->team;
     const int w = t.world_size();
     const ccfuse::gemm::BLayout layout = b_kn ? ccfuse::gemm::BLayout::kKN : ccfuse::gemm::BLayout::kNK;
-    auto h = std::make_unique<ccfuse_tp_op>();
     h->op = name;
     if (name == "ag_gemm") {
       ccfuse::tp::AgGemmDesc d;
@@ -253,13 +297,19 @@ MoeSetup moe_setup(const ccfuse::comm::Team& t, int64_t max_tokens, int64_t hidd
 
 int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk, int swiglu,
                           int b_kn, double imbalance, ccfuse_moe_ffn** out) {
+  return ccfuse_moe_ffn_create_on(nullptr, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance, out);
+}
+
+int ccfuse_moe_ffn_create_on(ccfuse_team* team_handle, int64_t max_tokens, int64_t hidden, int64_t ffn,
+                             int num_experts, int topk, int swiglu, int b_kn, double imbalance, ccfuse_moe_ffn** out) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
     *out = nullptr;
     check_moe_codes(swiglu, b_kn);
-    ccfuse::comm::Team& t = the_team();
-    const MoeSetup m = moe_setup(t, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance);
     auto h = std::make_unique<ccfuse_moe_ffn>();
+    h->team = team_of(team_handle);
+    ccfuse::comm::Team& t = *h->team;
+    const MoeSetup m = moe_setup(t, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance);
     h->ffn = std::make_unique<ccfuse::moe::MoeFfn>(t, m.desc, m.config);
     h->description = h->ffn->describe() + "; tuner: " + ccfuse::moe::to_string(m.choice);
     *out = h.release();
@@ -269,15 +319,23 @@ int ccfuse_moe_ffn_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int n
 int ccfuse_moe_ffn_backward_create(int64_t max_tokens, int64_t hidden, int64_t ffn, int num_experts, int topk,
                                    int swiglu, int b_kn, int w1_swiglu_tiles, double imbalance,
                                    ccfuse_moe_ffn_backward** out) {
+  return ccfuse_moe_ffn_backward_create_on(nullptr, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn,
+                                           w1_swiglu_tiles, imbalance, out);
+}
+
+int ccfuse_moe_ffn_backward_create_on(ccfuse_team* team_handle, int64_t max_tokens, int64_t hidden, int64_t ffn,
+                                      int num_experts, int topk, int swiglu, int b_kn, int w1_swiglu_tiles,
+                                      double imbalance, ccfuse_moe_ffn_backward** out) {
   return guarded([&] {
     CCFUSE_ARG_CHECK(out != nullptr, "out must not be null");
     *out = nullptr;
     CCFUSE_ARG_CHECK(w1_swiglu_tiles == 0 || w1_swiglu_tiles == 1, "w1_swiglu_tiles ", w1_swiglu_tiles,
                      " must be 0 (gate rows, then up rows) or 1 (ccfuse_swiglu_permutation order)");
     check_moe_codes(swiglu, b_kn);
-    ccfuse::comm::Team& t = the_team();
-    const MoeSetup m = moe_setup(t, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance);
     auto h = std::make_unique<ccfuse_moe_ffn_backward>();
+    h->team = team_of(team_handle);
+    ccfuse::comm::Team& t = *h->team;
+    const MoeSetup m = moe_setup(t, max_tokens, hidden, ffn, num_experts, topk, swiglu, b_kn, imbalance);
     h->bwd = std::make_unique<ccfuse::moe::MoeFfnBackward>(t, m.desc, w1_swiglu_tiles != 0, m.config);
     *out = h.release();
   });

@@ -70,6 +70,33 @@ class CApi(unittest.TestCase):
         r = self.run_child("p = lib.swiglu_permutation(256)\nprint(p[0], p[127], p[128], p[255], p[256], p[384], len(p))\n")
         self.assertEqual(r.stdout.split(), ["0", "127", "256", "383", "128", "384", "512"], r.stderr)
 
+    def test_team_entry_points(self):
+        # further Teams (ccfuse_team_create_from_comm) and the _on create functions: their checks
+        # come before any NCCL call; a null team means the process's Team, with its error
+        v = "ccfuse_ctypes.ctypes.byref(ccfuse_ctypes.ctypes.c_void_p())"
+        self.expect_error("lib.team_from_comm(None)", "nccl_comm must be a valid ncclComm_t, got null")
+        self.expect_error("lib._check(lib._dll.ccfuse_team_create_from_comm(1, None))", "out must not be null")
+        self.expect_error("lib._check(lib._dll.ccfuse_team_world_size(None, %s))" % v.replace("c_void_p", "c_int"),
+                          "team must be a handle from ccfuse_team_create_from_comm, got null")
+        self.expect_error("lib._check(lib._dll.ccfuse_tp_create_on(None, b'ag_gemm', 8, 8, 8, 1, 0, %s))" % v,
+                          "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
+        self.expect_error("lib._check(lib._dll.ccfuse_tp_create_on(None, b'gemm', 8, 8, 8, 1, 0, %s))" % v,
+                          "op 'gemm' is not a fused TP op (ag_gemm, gemm_rs, gemm_ar)")
+        self.expect_error("lib._check(lib._dll.ccfuse_moe_ffn_create_on(None, 64, 256, 128, 8, 2, 1, 0, 0.0, %s))" % v,
+                          "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
+        self.expect_error("lib._check(lib._dll.ccfuse_moe_ffn_create_on(None, 64, 256, 128, 8, 2, 3, 0, 0.0, %s))" % v,
+                          "swiglu 3 must be 0 or 1")
+        self.expect_error("lib._check(lib._dll.ccfuse_moe_ffn_backward_create_on(None, 64, 256, 128, 8, 2, 1, 0, 0, "
+                          "0.0, %s))" % v, "no Team: call ccfuse_init_from_env() or ccfuse_init_from_comm() first")
+        r = self.run_child("lib._check(lib._dll.ccfuse_team_destroy(None))\nprint('ok')\n")
+        self.assertEqual(r.stdout.strip(), "ok", r.stderr)
+        # the Python side: team= must be one of this library's open Teams
+        self.expect_error("lib.moe_ffn_create(64, 256, 128, 8, 2, team=object())",
+                          "team must be a Team from this library's team_from_comm (or None), got object")
+        self.expect_error("lib.tp_create('ag_gemm', 8, 8, 8, team=ccfuse_ctypes.Team(lib, None))",
+                          "team was closed: make its ops on an open Team")
+        self.expect_error("ccfuse_ctypes.Team(lib, None).world_size()", "this Team was closed")
+
     def test_gemm_entry_points(self):
         # single-GPU GEMMs need no Team; their argument checks come before any CUDA call
         self.expect_error("lib.gemm(0, 8, 8, 1, 1, 1, 0)", "m, n and k (0, 8, 8) must be positive")

@@ -55,8 +55,8 @@ class TorchExperts:
     """torch_ops.MoeFfn's contract at W = 1 in plain torch (differentiable)."""
 
     def __init__(self, w1, w2, num_experts, topk, max_tokens, imbalance=0.0, backward="fused", recompute=True,
-                 wgrad="ccfuse", main_grad=False, kept_rows=None):
-        self._w1_src, self.w2, self.closed, self.recompute = w1, w2, False, recompute
+                 wgrad="ccfuse", main_grad=False, kept_rows=None, group=None):
+        self._w1_src, self.w2, self.closed, self.recompute, self.group = w1, w2, False, recompute, group
         self.options = dict(num_experts=num_experts, topk=topk, max_tokens=max_tokens, imbalance=imbalance,
                             backward=backward, recompute=recompute, wgrad=wgrad, main_grad=main_grad,
                             kept_rows=kept_rows)
@@ -254,6 +254,33 @@ class Layers(unittest.TestCase):
         ex(self.randn(5, 16), torch.zeros(5, 2, dtype=torch.int32), torch.full((5, 2), 0.5, dtype=torch.float64))
         self.assertTrue(first.closed)
         self.assertIs(ex._layer._w1_src, ex.w1)
+
+    # ---- the experts on a group of their own (process_group: EP beside a TP init) ----
+
+    def test_experts_on_their_own_group(self):
+        import torch.distributed as dist
+        layers = self.layers
+        ep, reduced = object(), []
+        saved = dist.get_world_size, dist.all_reduce
+        dist.get_world_size = lambda group=None: 2 if group is ep else saved[0](group)
+        dist.all_reduce = lambda t, group=None: reduced.append((tuple(t.shape), group))
+        try:
+            moe = layers.MoeLayer(16, 8, 4, 2, 32, bias_update_rate=0.01, dtype=torch.float64, device="cpu",
+                                  process_group=ep)
+            self.assertEqual(tuple(moe.experts.w1.shape), (2, 16, 16))  # E / W = 4 / 2 over ep's ranks
+            self.assertIs(moe.experts._layer.group, ep)  # MoeFfn(group=ep)
+            moe.tokens_seen.add_(torch.tensor([3.0, 1.0, 0.0, 4.0]))
+            moe.update_expert_bias()
+            self.assertEqual(reduced, [((4,), ep)])  # the balancing counts summed over ep, not init()'s group
+            with self.assertRaises(ValueError) as e:
+                layers.MoeExperts(16, 8, 3, 2, 32, dtype=torch.float64, device="cpu", process_group=ep)
+            self.assertEqual(str(e.exception), "num_experts 3 must be a positive multiple of the world size 2 "
+                                               "(each rank holds num_experts / W experts)")
+            plain = layers.MoeExperts(16, 8, 4, 2, 32, dtype=torch.float64, device="cpu")
+            self.assertIsNone(plain._layer.group)  # init()'s Team (W = 1 here)
+            self.assertEqual(tuple(plain.w1.shape), (4, 16, 16))
+        finally:
+            dist.get_world_size, dist.all_reduce = saved
 
     # ---- the MoeFfn options the layers pass through: wgrad, main_grad, kept_rows ----
 

@@ -487,6 +487,62 @@ class TorchOps(unittest.TestCase):
         cf._all_gather_rows(self.bf16(64, 128))
         self.assertEqual(torch.gathers[-1], ((128, 128), (64, 128)))
 
+    def test_moe_on_an_expert_parallel_group(self):
+        # MoeFfn(group=ep): a Team of its own on ep's communicator (made once per group, collective),
+        # the experts split over ep's size, both directions' handles made on that Team; finalize()
+        # closes it after the layers. init()'s group (here None: the process's Team of size 2) is
+        # left alone.
+        cf, log = self.cf, self.lib.log
+        teams = []
+
+        class Team:
+            def __init__(self, ptr, world):
+                self.ptr, self.world, self.closed = ptr, world, False
+
+            def world_size(self):
+                return self.world
+
+            def close(self):
+                self.closed = True
+                log.append(("team_close", self.ptr))
+        self.lib.team_from_comm = lambda ptr: teams.append(Team(ptr, 4)) or teams[-1]
+
+        class Backend:
+            def _comm_ptr(self):
+                return 0x5e00
+
+        class Group:
+            def _get_backend(self, dev):
+                return Backend()
+        ep = Group()
+        w1, w2 = self.bf16(2, 256, 512), self.bf16(2, 512, 128)  # E/W = 2 of E = 8 over ep's 4 ranks
+        moe = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, group=ep, wgrad="torch")
+        self.assertEqual(len(teams), 1)
+        self.assertIn(("team", teams[0]), log[-1])  # moe_create on ep's Team
+        self.assertEqual((moe._world, moe._group), (4, ep))
+        again = cf.MoeFfn(w1, w2, num_experts=8, topk=2, max_tokens=100, group=ep)
+        self.assertEqual(len(teams), 1)  # one Team per group
+        self.error(lambda: cf.MoeFfn(self.bf16(4, 256, 512), self.bf16(4, 512, 128), 8, 2, 100, group=ep),
+                   "w1 holds 4 experts, but num_experts 8 / world size 4 = 2.0")
+        # the fused backward's handle on the same Team
+        x, ids, wg = self.bf16(64, 512), FakeTensor((64, 2), "int32"), FakeTensor((64, 2), "float32")
+        wg.requires_grad = True
+        y = moe(x, ids, wg)
+        fn, ctx = y.grad_fn
+        fn.backward(ctx, self.bf16(64, 512))
+        bwd = [e for e in log if e[0] == "moe_bwd_create"]
+        self.assertIn(("team", teams[0]), bwd[-1])
+        # the process's Team for group=None (no team= passed)
+        plain = cf.MoeFfn(self.bf16(4, 256, 512), self.bf16(4, 512, 128), 8, 2, 100)
+        self.assertEqual(log[-1][0], "moe_create")
+        self.assertNotIn("team", [e[0] for e in log[-1] if isinstance(e, tuple)])
+        self.assertEqual((plain._world, plain._group), (2, None))
+        cf.finalize()
+        self.assertTrue(teams[0].closed)
+        self.assertLess(log.index(("moe_bwd_close",)), log.index(("team_close", 0x5e00)))  # layers first
+        self.assertEqual(cf._teams, {})
+        del again
+
     def test_moe(self):
         cf, log = self.cf, self.lib.log
         w1, w2 = self.bf16(4, 256, 512), self.bf16(4, 512, 128)  # E/W = 4, 2F = 256, H = 512
