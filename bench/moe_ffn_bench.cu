@@ -383,7 +383,9 @@ const char* const kUsage =
     "  CCFUSE_MOE_GROUPED_SYM=1: the plain grouped GEMMs' A and C in symmetric memory (A/B of the allocation).\n"
     "  CCFUSE_MOE_PRESUM_CTAS=N: layer 1's pre-sum side CTAs (0: the pre-sum after the GEMM).\n"
     "  CCFUSE_MOE_L1_PINGPONG=1|0: layer 1's GEMM on 128x128 ping-pong tiles or 128x256 (not the tuner's).\n"
-    "  CCFUSE_MOE_L1_DIRECT=0: layer 1 ends in the combine kernel at W = 1 too (MoeFfnConfig::always_combine).\n";
+    "  CCFUSE_MOE_L1_DIRECT=0: layer 1 ends in the combine kernel at W = 1 too (MoeFfnConfig::always_combine).\n"
+    "  CCFUSE_MOE_PREP_ONE=1: layer 0's preparation in one CTA for calls of <= 2048 entries (MoeFfnConfig::\n"
+    "    prep_one; an experiment, opt-in).\n";
 
 // Returns false (message printed) on a bad argument.
 bool parse_args(int argc, char** argv, Args& a, bool& help) {

@@ -120,6 +120,14 @@ bool prep_pdl() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// MoeFfnConfig::prep_one = -1: CCFUSE_MOE_PREP_ONE=1 prepares a call of at most kPrepChunk
+// entries by single_chunk_prep_kernel instead of the two chunk kernels (an A/B switch, 2026-12-07;
+// opt-in until measured).
+bool prep_one_env() {
+  const char* v = std::getenv("CCFUSE_MOE_PREP_ONE");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 // CCFUSE_MOE_L0_PDL=0: layer 0's GEMM launched after the exchange kernel's end (an A/B switch).
 bool l0_gemm_pdl() {
   const char* v = std::getenv("CCFUSE_MOE_L0_PDL");
@@ -252,50 +260,44 @@ __global__ void derive_plan_kernel(Geometry g, const int32_t* counts, Plan plan,
               n_tiles0, n_tiles1, max_rows);
 }
 
-// ---- layer 0's preparation: this rank's counts and send list in two kernels ---------------------
-// The send list holds this rank's entries in send order (owners rotated from this rank, experts in
-// order, an expert's entries in entry order). Until 2026-11-30 a histogram kernel, a CUB radix sort
-// of the entries (dispatch_positions_gpu) and a scatter kernel built it with two memsets, ~12
-// launches: 0.07-0.16 ms of layer 0 at T = 4096. These two take 0.03-0.08 ms
-// (docs/perf-notes.md, "Chunked preparation").
-// chunk_rank_kernel: CTA c ranks entries [c * kPrepChunk, ...) among the chunk's entries of the
-// same expert, in entry order: 256 entries a step, within a warp by __match_any_sync, across the
-// step's warps through a [warps][E] count table, across steps by a running count per expert.
-// Writes the rank of every valid entry and the chunk's count per expert. Entries with ids outside
-// [0, E) are dropped.
 constexpr int kPrepChunk = 2048, kPrepThreads = 256;
-__global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* entry_rank,
-                                  int32_t* chunk_counts) {
-  extern __shared__ int32_t prep_smem[];
-  constexpr int kWarps = kPrepThreads / 32;
-  int32_t* running = prep_smem;               // [E]
-  int32_t* warp_cnt = prep_smem + experts;    // [kWarps][E], zero between steps
-  constexpr int kSteps = kPrepChunk / kPrepThreads;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
-  // Every step's id loaded first: one round trip to memory, not one a step behind its barriers.
-  int ids[kSteps];
+constexpr int kPrepWarps = kPrepThreads / 32, kPrepSteps = kPrepChunk / kPrepThreads;
+
+// The chunk's ids (kPrepSteps a thread, entry first + step * kPrepThreads + threadIdx.x), all
+// loaded before any is used: one round trip to memory, not one a step behind its barriers.
+__device__ __forceinline__ void load_chunk_ids(const int32_t* topk_ids, int64_t entries, int64_t first,
+                                               int (&ids)[kPrepSteps]) {
 #pragma unroll
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < kPrepSteps; ++step) {
     const int64_t i = first + step * kPrepThreads + threadIdx.x;
     ids[step] = i < entries ? topk_ids[i] : -1;
   }
-  griddep_launch_dependents();  // the send-list kernel may launch (it waits for this one's end)
-  for (int i = threadIdx.x; i < experts * (1 + kWarps); i += blockDim.x) prep_smem[i] = 0;
+}
+
+// ranks[step] = the entry's rank among the chunk's entries of the same expert, in entry order
+// (valid ids only; ids outside [0, E) are dropped), and running[x] = the chunk's count of expert x:
+// 256 entries a step, within a warp by __match_any_sync, across the step's warps through a
+// [warps][E] count table, across steps by the running count. running [E] and warp_cnt [warps][E]
+// in shared memory, zeroed here; running is final for every thread on return.
+__device__ __forceinline__ void rank_chunk_entries(const int (&ids)[kPrepSteps], int experts, int32_t* running,
+                                                   int32_t* warp_cnt, int (&ranks)[kPrepSteps]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < experts; i += blockDim.x) running[i] = 0;
+  for (int i = threadIdx.x; i < experts * kPrepWarps; i += blockDim.x) warp_cnt[i] = 0;
   __syncthreads();
 #pragma unroll
-  for (int step = 0; step < kSteps; ++step) {
-    const int64_t i = first + step * kPrepThreads + threadIdx.x;
+  for (int step = 0; step < kPrepSteps; ++step) {
     int x = ids[step];
     if (x >= experts) x = -1;
     const unsigned peers = __match_any_sync(0xffffffffu, x);
     const bool leader = (peers & ((1u << lane) - 1)) == 0;
     if (x >= 0 && leader) warp_cnt[warp * experts + x] = __popc(peers);
     __syncthreads();
+    ranks[step] = 0;
     if (x >= 0) {
       int r = running[x] + __popc(peers & ((1u << lane) - 1));
       for (int w = 0; w < warp; ++w) r += warp_cnt[w * experts + x];
-      entry_rank[i] = r;
+      ranks[step] = r;
     }
     __syncthreads();
     if (x >= 0 && leader) {
@@ -305,18 +307,72 @@ __global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int 
     __syncwarp();  // the resets before the next step's counts from other lanes
   }
   __syncthreads();
+}
+
+// The per-call writes that follow the counts (base[x]: entries of expert x in the chunks before
+// this one, total[x]: this rank's count of x, both in shared memory): CTA 0 writes counts_row (for
+// the exchange kernel) and zeroes the per-call counters done_count [W] and unit_done [units] (null:
+// not used), which saves their memsets; every CTA places its chunk's entries in the send list,
+// send_list[rows_base[rot(x)] + base[x] + rank] = entry, rows_base (the send order's first row of
+// each rotated expert, as exchange_kernel derives it) scanned into shared memory. A null
+// send_list (the all-gather dispatch, which sends no rows): the counts and counters only.
+__device__ __forceinline__ void write_counts_and_send_list(const Geometry& g, const int32_t* base, const int32_t* total,
+                                                           int32_t* rows_base, int64_t first,
+                                                           const int (&ids)[kPrepSteps], const int (&ranks)[kPrepSteps],
+                                                           int32_t* counts_row, int32_t* send_list, int64_t* done_count,
+                                                           int* unit_done, int64_t units) {
+  if (blockIdx.x == 0) {
+    for (int x = threadIdx.x; x < g.experts; x += blockDim.x) counts_row[x] = total[x];
+    for (int i = threadIdx.x; i < g.world && done_count != nullptr; i += blockDim.x) done_count[i] = 0;
+    for (int64_t i = threadIdx.x; i < units && unit_done != nullptr; i += blockDim.x) unit_done[i] = 0;
+  }
+  if (send_list == nullptr) return;
+  if (threadIdx.x < 32)  // exclusive scan of the totals in rotated order (rows_base[E] unused here)
+    warp_exclusive_scan<int32_t>(
+        g.experts, [&](int i) { return total[g.rot_expert(g.rank, i)]; },
+        [&](int i, int32_t v) {
+          if (i < g.experts) rows_base[i] = v;
+        },
+        int(threadIdx.x));
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < kPrepSteps; ++u) {
+    const int x = ids[u];
+    if (x < 0 || x >= g.experts) continue;
+    send_list[rows_base[g.rot_index(g.rank, x)] + base[x] + ranks[u]] = int32_t(first + u * kPrepThreads + threadIdx.x);
+  }
+}
+
+// ---- layer 0's preparation: this rank's counts and send list ---------------------------------
+// The send list holds this rank's entries in send order (owners rotated from this rank, experts in
+// order, an expert's entries in entry order). Until 2026-11-30 a histogram kernel, a CUB radix sort
+// of the entries (dispatch_positions_gpu) and a scatter kernel built it with two memsets, ~12
+// launches: 0.07-0.16 ms of layer 0 at T = 4096. Chunks of kPrepChunk entries, two kernels:
+// 0.03-0.08 ms (docs/perf-notes.md, "Chunked preparation"); one chunk (entries <= kPrepChunk,
+// decode-sized calls) may take one kernel instead, single_chunk_prep_kernel (2026-12-07, opt-in).
+// chunk_rank_kernel: CTA c ranks entries [c * kPrepChunk, ...) (rank_chunk_entries) and writes
+// the rank of every valid entry and the chunk's count per expert.
+__global__ void chunk_rank_kernel(const int32_t* topk_ids, int64_t entries, int experts, int32_t* entry_rank,
+                                  int32_t* chunk_counts) {
+  extern __shared__ int32_t prep_smem[];
+  int32_t* running = prep_smem;               // [E]
+  int32_t* warp_cnt = prep_smem + experts;    // [kPrepWarps][E]
+  const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
+  int ids[kPrepSteps], ranks[kPrepSteps];
+  load_chunk_ids(topk_ids, entries, first, ids);
+  griddep_launch_dependents();  // the send-list kernel may launch (it waits for this one's end)
+  rank_chunk_entries(ids, experts, running, warp_cnt, ranks);
+#pragma unroll
+  for (int step = 0; step < kPrepSteps; ++step)
+    if (ids[step] >= 0 && ids[step] < experts) entry_rank[first + step * kPrepThreads + threadIdx.x] = ranks[step];
   for (int x = threadIdx.x; x < experts; x += blockDim.x) chunk_counts[int64_t(blockIdx.x) * experts + x] = running[x];
   // It needs nothing of the call's entry barrier (only the routing, written before it), so it
   // waits for it last: this kernel's end then implies the barrier's.
   gemm::sm90::griddep_wait();
 }
 
-// chunk_send_list_kernel: send_list[rows_base[rot(x)] + (entries of x in earlier chunks) +
-// entry_rank[i]] = i for the chunk's valid entries; rows_base (the send order's first row of each
-// rotated expert, as exchange_kernel derives it) from the counts of all chunks, in shared memory.
-// CTA 0 also writes counts_row (for the exchange kernel) and zeroes the per-call counters
-// done_count [W] and unit_done [units] (null: not used), which saves their memsets. A null
-// send_list (the all-gather dispatch, which sends no rows): the counts and counters only.
+// chunk_send_list_kernel: base and total of every expert from the counts of all chunks, then
+// write_counts_and_send_list for the chunk's valid entries.
 __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int64_t entries, const int32_t* entry_rank,
                                        const int32_t* chunk_counts, int32_t* counts_row, int32_t* send_list,
                                        int64_t* done_count, int* unit_done, int64_t units) {
@@ -325,21 +381,16 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
   int32_t* total = prep_smem + g.experts;      // [E] entries of expert x (this rank's counts row)
   int32_t* rows_base = total + g.experts;      // [E] by rotated index
   // The chunk's ids and ranks loaded first (one round trip; the stores below may alias them, so
-  // the loop at the end would otherwise load them one entry at a time). kPrepThreads a block.
-  constexpr int kSteps = kPrepChunk / kPrepThreads;
+  // the loop at the end would otherwise load them one entry at a time).
   const int64_t first = int64_t(blockIdx.x) * kPrepChunk;
-  int32_t ids[kSteps], ranks[kSteps];
-#pragma unroll
-  for (int u = 0; u < kSteps; ++u) {
-    const int64_t i = first + u * kPrepThreads + threadIdx.x;
-    ids[u] = i < entries ? topk_ids[i] : -1;
-  }
+  int ids[kPrepSteps], ranks[kPrepSteps];
+  load_chunk_ids(topk_ids, entries, first, ids);
   griddep_launch_dependents();  // the exchange kernel may launch (it waits for this one's end)
   gemm::sm90::griddep_wait();   // the ranks and counts of chunk_rank_kernel
   // chunk_rank_kernel writes the ranks of valid entries only: a dropped entry's is never read
   // (compute-sanitizer's initcheck flagged those loads, 2026-12-07).
 #pragma unroll
-  for (int u = 0; u < kSteps; ++u) {
+  for (int u = 0; u < kPrepSteps; ++u) {
     const int64_t i = first + u * kPrepThreads + threadIdx.x;
     ranks[u] = i < entries && ids[u] >= 0 && ids[u] < g.experts ? entry_rank[i] : 0;
   }
@@ -353,28 +404,32 @@ __global__ void chunk_send_list_kernel(Geometry g, const int32_t* topk_ids, int6
     }
     base[x] = before;
     total[x] = all;
-    if (blockIdx.x == 0) counts_row[x] = all;
-  }
-  if (blockIdx.x == 0) {
-    for (int i = threadIdx.x; i < g.world && done_count != nullptr; i += blockDim.x) done_count[i] = 0;
-    for (int64_t i = threadIdx.x; i < units && unit_done != nullptr; i += blockDim.x) unit_done[i] = 0;
   }
   __syncthreads();
-  if (threadIdx.x < 32)  // exclusive scan of the totals in rotated order (rows_base[E] unused here)
-    warp_exclusive_scan<int32_t>(
-        g.experts, [&](int i) { return total[g.rot_expert(g.rank, i)]; },
-        [&](int i, int32_t v) {
-          if (i < g.experts) rows_base[i] = v;
-        },
-        int(threadIdx.x));
-  __syncthreads();
-  if (send_list == nullptr) return;
-#pragma unroll
-  for (int u = 0; u < kSteps; ++u) {
-    const int x = ids[u];
-    if (x < 0 || x >= g.experts) continue;
-    send_list[rows_base[g.rot_index(g.rank, x)] + base[x] + ranks[u]] = int32_t(first + u * kPrepThreads + threadIdx.x);
-  }
+  write_counts_and_send_list(g, base, total, rows_base, first, ids, ranks, counts_row, send_list, done_count, unit_done,
+                             units);
+}
+
+// single_chunk_prep_kernel (entries <= kPrepChunk: one CTA): the two kernels above in one, the
+// ranks and counts kept on chip (no entry_rank / chunk_counts round trip, one launch less).
+// Shared memory: running [E], warp_cnt [kPrepWarps][E], zeros [E] (base: no earlier chunk),
+// rows_base [E]. Its global writes come after the call's entry barrier (griddep_wait), as the
+// send-list kernel's do behind chunk_rank_kernel's end. MoeFfnConfig::prep_one (opt-in).
+__global__ void single_chunk_prep_kernel(Geometry g, const int32_t* topk_ids, int64_t entries, int32_t* counts_row,
+                                         int32_t* send_list, int64_t* done_count, int* unit_done, int64_t units) {
+  extern __shared__ int32_t prep_smem[];
+  int32_t* running = prep_smem;                            // [E]
+  int32_t* warp_cnt = running + g.experts;                 // [kPrepWarps][E]
+  int32_t* zeros = warp_cnt + kPrepWarps * g.experts;      // [E]
+  int32_t* rows_base = zeros + g.experts;                  // [E]
+  int ids[kPrepSteps], ranks[kPrepSteps];
+  load_chunk_ids(topk_ids, entries, 0, ids);
+  griddep_launch_dependents();  // the exchange kernel may launch (it waits for this one's end)
+  for (int x = threadIdx.x; x < g.experts; x += blockDim.x) zeros[x] = 0;
+  rank_chunk_entries(ids, g.experts, running, warp_cnt, ranks);  // its barriers order the zeros too
+  gemm::sm90::griddep_wait();  // the entry barrier (begin_call_kernel) before any global write
+  write_counts_and_send_list(g, zeros, running, rows_base, 0, ids, ranks, counts_row, send_list, done_count, unit_done,
+                             units);
 }
 
 // ---- all-gather dispatch (MoeDispatch::kAllGather) -----------------------------------------
@@ -1336,6 +1391,8 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
                    " must be -1 (by row size), 0 (by units) or 1 (striped)");
   CCFUSE_ARG_CHECK(cfg.bulk_dispatch >= -1 && cfg.bulk_dispatch <= 1, "bulk_dispatch ", cfg.bulk_dispatch,
                    " must be -1 (auto: moe::auto_bulk_dispatch), 0 (through registers) or 1 (bulk copies)");
+  CCFUSE_ARG_CHECK(cfg.prep_one >= -1 && cfg.prep_one <= 1, "prep_one ", cfg.prep_one,
+                   " must be -1 (auto), 0 (the two chunk kernels) or 1 (one kernel for calls of <= 2048 entries)");
   CCFUSE_ARG_CHECK(cfg.stripe_rows >= 1 && cfg.stripe_rows <= 32, "stripe_rows ", cfg.stripe_rows,
                    " must be in [1, 32] (one lane counts each row of a round)");
   CCFUSE_ARG_CHECK(cfg.dispatch_spread_us >= 0 && cfg.dispatch_spread_us <= 100000, "dispatch_spread_us ",
@@ -1586,6 +1643,7 @@ std::string MoeFfn::describe() const {
              : " layer1=grouped+row-weight+send-warp-combine(slots) reduce=fp32-slot-sum")
      << " b=" << gemm::b_layout_name(d.b_layout);
   if (d.l1_b_layout.has_value() && *d.l1_b_layout != d.b_layout) os << " b1=" << gemm::b_layout_name(*d.l1_b_layout);
+  if (s_->cfg.prep_one == 1 || (s_->cfg.prep_one < 0 && prep_one_env())) os << " prep=one-cta(<=2048 entries)";
   if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
@@ -1691,8 +1749,17 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
   const bool allgather = s.cfg.dispatch == MoeDispatch::kAllGather;
   const int64_t entries_now = num_tokens * d.topk;
   const unsigned prep_chunks = unsigned(ceil_div(entries_now, kPrepChunk));
-  if (prep_chunks > 0) {
-    launch_pdl(pdl, chunk_rank_kernel, prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepThreads / 32) * 4,
+  const size_t one_smem = size_t(d.num_experts) * (3 + kPrepWarps) * 4;
+  const bool one = s.cfg.prep_one >= 0 ? s.cfg.prep_one == 1 : prep_one_env();
+  if (prep_chunks == 1 && one && one_smem <= 48 * 1024) {
+    // One chunk (decode-sized calls): ranking, counts and send list in one CTA ("l0stoprank" and
+    // "l0stoplist" both stop after it).
+    launch_pdl(pdl, single_chunk_prep_kernel, 1, kPrepThreads, one_smem, stream, s.geo, topk_ids, entries_now,
+               s.counts_row, allgather ? nullptr : s.send_list, s.plan.done_count,
+               s.striped ? s.plan.unit_done : nullptr, s.geo.max_chunks);
+    if (stop_at("l0stoprank") || stop_at("l0stoplist")) return;
+  } else if (prep_chunks > 0) {
+    launch_pdl(pdl, chunk_rank_kernel, prep_chunks, kPrepThreads, size_t(d.num_experts) * (1 + kPrepWarps) * 4,
                stream, topk_ids, entries_now, d.num_experts, s.entry_rank, s.chunk_counts);
     if (stop_at("l0stoprank")) return;
     // Needs only this rank's counts: before the exchange, which waits for the peers. Zeroes the

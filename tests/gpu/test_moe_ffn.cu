@@ -97,6 +97,7 @@ struct Case {
   int striped = -1;      // MoeFfnConfig::striped_dispatch (-1: auto, by units at these row sizes)
   int stripe_rows = 4;   // MoeFfnConfig::stripe_rows
   int bulk = -1;         // MoeFfnConfig::bulk_dispatch (-1: auto, through registers)
+  int prep_one = -1;     // MoeFfnConfig::prep_one (-1: auto, the chunk kernels unless env says)
   int dispatch_spread_us = 0;  // MoeFfnConfig::dispatch_spread_us
   int l1_pingpong = -1;        // MoeFfnConfig::l1_pingpong (-1: by H, ping-pong from 4096)
   bool always_combine = false;  // MoeFfnConfig::always_combine (the combine kernel at W = 1 too)
@@ -292,6 +293,7 @@ TEST_P(GpuMoeFfn, MatchesFp64Reference) {
     config.striped_dispatch = c.striped;
     config.stripe_rows = c.stripe_rows;
     config.bulk_dispatch = c.bulk;
+    config.prep_one = c.prep_one;
     config.dispatch_spread_us = c.dispatch_spread_us;
     config.l1_pingpong = c.l1_pingpong;
     config.always_combine = c.always_combine;
@@ -503,6 +505,25 @@ std::vector<Case> cases() {
                   0.1, 0.05, 0, presum};
   regs_drops.tma_store = false;
   v.push_back(regs_drops);
+  // Layer 0's one-CTA preparation for calls of <= 2048 entries (MoeFfnConfig::prep_one, opt-in,
+  // 2026-12-07; the other cases take the two chunk kernels): drops, Zipf and uneven ranks; top-8
+  // over 16 experts; and ranks on different paths in one call (rank 0: 2200 entries, two chunks;
+  // rank 1: 600, one CTA), with the striped dispatch's unit counters too.
+  for (Case pc : {Case{"prep_one_drops_zipf_uneven", 512, 256, 8, 2, true, BLayout::kNK, Route::kZipf, {700, 300}, 0,
+                       0.1, 0.05, 0, presum},
+                  Case{"prep_one_top8_e16", 512, 256, 16, 8, true, BLayout::kKN, Route::kUniform, {64}, 0, 0, 0, 0,
+                       presum},
+                  Case{"prep_one_mixed_paths_uneven", 512, 256, 8, 2, true, BLayout::kNK, Route::kUniform,
+                       {1100, 300}, 0, 0.05, 0.0, 0, presum}}) {
+    pc.prep_one = 1;
+    v.push_back(pc);
+  }
+  Case pc_striped{"prep_one_striped_interleaved", 512, 256, 8, 2, true, BLayout::kNK, Route::kZipf, {700, 300}, 0,
+                  0.05, 0.0, 0, presum};
+  pc_striped.prep_one = 1;
+  pc_striped.striped = 1;
+  pc_striped.interleave_sends = true;
+  v.push_back(pc_striped);
   // Layer 0's local-first tile order (the default since 2026-11-30 late): every expert's row tiles
   // of only local rows before the others. Skewed and uneven ranks (one rank's experts mostly
   // local, the other's mostly remote), a max_tokens bound that cuts rows, few CTAs (each takes
@@ -724,6 +745,7 @@ TEST(GpuMoeFfn, RejectsBadInput) {
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.bulk_dispatch = 2; })); },
                     "bulk_dispatch");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.local_first = 2; })); }, "local_first");
+    expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.prep_one = 2; })); }, "prep_one");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.dispatch_spread_us = -1; })); },
                     "dispatch_spread_us");
     expect_rejected([&] { MoeFfn op(team, good, config([](MoeFfnConfig& c) { c.striped_dispatch = -2; })); },

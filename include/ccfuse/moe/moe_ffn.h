@@ -156,6 +156,12 @@ struct MoeFfnConfig {
   // keeps the W > 1 path there (A/B runs, and tests of the combine kernel on one GPU). Tool env
   // CCFUSE_MOE_L1_DIRECT=0.
   bool always_combine = false;
+  // Layer 0's preparation of a call of at most 2048 routing entries (tokens x topk: decode-sized
+  // calls): 1 = one kernel in one CTA (ranking, counts and send list on chip); 0 = the two chunk
+  // kernels every larger call takes; -1 = 0 unless env CCFUSE_MOE_PREP_ONE=1 (the A/B switch).
+  // An experiment written 2026-12-07 for the decode floor, not yet run on a GPU: opt-in until
+  // measured (docs/perf-notes.md).
+  int prep_one = -1;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
   // counts as dropped). Tests and debugging turn it on.
@@ -169,7 +175,7 @@ class MoeFfn {
  public:
   // Collective over the Team (allocates symmetric buffers and signals). Throws InvalidArgument
   // naming the rule: W divides E and is at most 8; 1 <= topk <= E; max_tokens > 0; local_first and
-  // striped_dispatch in [-1, 1]; bulk_dispatch in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
+  // striped_dispatch in [-1, 1]; bulk_dispatch and prep_one in [-1, 1]; stripe_rows in [1, 32]; dispatch_spread_us in [0, 100000]; l1_pingpong
   // in [-1, 1], and 1 only with the pre-sum after the GEMM and tma_store; H a positive
   // multiple of 256 (layer 1 forwards whole 256-column tiles); F a positive multiple of 8, and of
   // 128 with SwiGLU; dtype bf16; max_tokens * topk * W < 2^31.
