@@ -36,6 +36,7 @@ if [[ $parts == *" 2 "* ]] && [ "$(left)" -gt 90 ]; then
   for prep in 1 0; do
     for diag in none l0stopbegin l0stoprank l0stoplist l0pre l1gemm l1presum; do
       for mt in "small:1 64" "qwen3:64"; do
+        [ "$(left)" -gt 25 ] || continue  # what is left of the call: the table still comes back
         CCFUSE_MOE_PREP_ONE=$prep CCFUSE_MOE_DIAG=$([ $diag = none ] || echo $diag) timeout 60 \
           $B/ccfuse_moe_ffn_bench --model ${mt%%:*} --tokens ${mt#*:} --routing uniform --iters 20 --warmup 5 \
           --json "$O/logs/floor_prep$prep.jsonl" >> "$O/logs/floor.log" 2>&1
