@@ -602,14 +602,18 @@ TEST(Router, BiasUpdatesBalanceLoad) {
   const RouterConfig c = make_config(E, 2, ScoreFn::kSigmoid);
   std::vector<float> bias(E, 0.0f);
   const double first = route_logits_cpu(c, logits.data(), T, nullptr).stats.imbalance;
-  double last = first;
+  // The sign updates of a fixed step make the load oscillate around balance once there: the
+  // imbalance of one step can peak above its mean (1.28-1.34 at the last step for about 1 seed in
+  // 1500, 2026-12-07), so the settled state is judged by the mean of the last 20 steps (below 1.15
+  // for 399 seeds in 400; 1.5 and more before the updates).
+  double settled = 0;
   for (int step = 0; step < 100; ++step) {
     const RouterOutput out = route_logits_cpu(c, logits.data(), T, bias.data());
-    last = out.stats.imbalance;
+    if (step >= 80) settled += out.stats.imbalance / 20;
     update_bias(out.stats.tokens_per_expert, 0.01f, bias);
   }
   EXPECT_GT(first, 1.5);
-  EXPECT_LT(last, 1.25);
+  EXPECT_LT(settled, 1.25);
   EXPECT_LT(bias[0], 0.0f);
 }
 
