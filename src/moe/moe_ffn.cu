@@ -1644,7 +1644,9 @@ std::string MoeFfn::describe() const {
      << " b=" << gemm::b_layout_name(d.b_layout);
   if (d.l1_b_layout.has_value() && *d.l1_b_layout != d.b_layout) os << " b1=" << gemm::b_layout_name(*d.l1_b_layout);
   if (s_->cfg.prep_one == 1 || (s_->cfg.prep_one < 0 && prep_one_env())) os << " prep=one-cta(<=2048 entries)";
-  if (const char* diag = std::getenv("CCFUSE_MOE_DIAG")) os << " DIAG=" << diag << "(results-invalid)";
+  // An empty CCFUSE_MOE_DIAG stops nothing (the scripts' "no stop" runs set it so): no label then.
+  const char* diag = std::getenv("CCFUSE_MOE_DIAG");
+  if (diag != nullptr && *diag != '\0') os << " DIAG=" << diag << "(results-invalid)";
   return os.str();
 }
 
