@@ -565,7 +565,8 @@ struct PeerBandEpilogue {
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 // CCFUSE_STMATRIX_STAGING=1: the TMA-store epilogue writes its staging buffer with stmatrix.x4
 // (one instruction per two 8-column groups of a warp's 16 rows) instead of 32-bit stores.
-// EXPERIMENT, written 2026-11-30, not yet run on a GPU (docs/perf-notes.md).
+// An experiment (2026-11-30): correct, but level with the 32-bit stores (geomean 1.002 over the
+// GEMM sweep on one H200), so off (docs/perf-notes.md, "stmatrix.x4 staging writes").
 #ifndef CCFUSE_STMATRIX_STAGING
 #define CCFUSE_STMATRIX_STAGING 0
 #endif

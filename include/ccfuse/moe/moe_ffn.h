@@ -159,8 +159,9 @@ struct MoeFfnConfig {
   // Layer 0's preparation of a call of at most 2048 routing entries (tokens x topk: decode-sized
   // calls): 1 = one kernel in one CTA (ranking, counts and send list on chip); 0 = the two chunk
   // kernels every larger call takes; -1 = 0 unless env CCFUSE_MOE_PREP_ONE=1 (the A/B switch).
-  // An experiment written 2026-12-07 for the decode floor, not yet run on a GPU: opt-in until
-  // measured (docs/perf-notes.md).
+  // An experiment for the decode floor (2026-12-07): correct, 2 us less preparation but the same
+  // whole layer on one H100 (the two kernels' second launch is hidden by PDL), so opt-in
+  // (docs/moe-layers.md).
   int prep_one = -1;
   // Check topk_ids on the device before each call and throw InvalidArgument naming the first
   // entry outside [-1, num_experts): costs a host sync, so off by default (then such an entry
