@@ -450,17 +450,35 @@ __global__ void route_push_kernel(Geometry g, const int32_t* topk_ids, const flo
   }
 }
 
+// The pre-summed combine's row map (MoeCombine::kPresum): row_of[src * max_tokens * k + entry] on
+// the owner = (the call's epoch, the local row holding that entry), written with the entry's
+// row_src by whoever writes that (the sender's dispatch, or ag_rows_kernel), so that layer 1 needs
+// no memset and no scatter kernel of its own. An entry whose epoch is not the call's is not here
+// (another rank's, dropped, or a token past the source's count): no clearing between calls, and a
+// call cut short by a timeout leaves nothing the next one could take for its own (epochs never
+// repeat). 16 bytes an entry: a 32-bit epoch tag would repeat after 2^32 calls (days of decode).
+__device__ __forceinline__ void set_row_of(ulonglong2* row_of, int64_t i, epoch_t e, int64_t row) {
+  row_of[i] = make_ulonglong2(e, uint64_t(row));
+}
+__device__ __forceinline__ int32_t row_of_entry(const ulonglong2* row_of, int64_t i, epoch_t e) {
+  const ulonglong2 v = row_of[i];
+  return v.x == e ? int32_t(v.y) : -1;
+}
+
 // The receive rows' metadata, from every source's gathered routing and positions (local writes):
-// row_src[pos] = (source, entry), row_w[pos] = its weight, for the entries of this rank's experts.
-__global__ void ag_rows_kernel(Geometry g, const int32_t* ids, const float* weights, const int64_t* positions,
-                               int2* row_src, float* row_w) {
+// row_src[pos] = (source, entry), row_w[pos] = its weight, for the entries of this rank's experts
+// (and row_of, kPresum only).
+__global__ void ag_rows_kernel(Geometry g, comm::DeviceSignals sig, const int32_t* ids, const float* weights,
+                               const int64_t* positions, int2* row_src, float* row_w, ulonglong2* row_of) {
   const int64_t entries = g.max_tokens * g.topk;
+  const epoch_t e = comm::current_epoch(sig);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < g.world * entries;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int x = ids[i];
     if (x < 0 || x >= g.experts || x / g.epr != g.rank || positions[i] < 0) continue;
     row_src[positions[i]] = make_int2(int(i / entries), int(i % entries));
     row_w[positions[i]] = weights[i];
+    if (row_of != nullptr) set_row_of(row_of, i, e, positions[i]);
   }
 }
 
@@ -679,6 +697,7 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
   E* recv[kMaxMoeRanks] = {};
   int2* row_src[kMaxMoeRanks] = {};
   float* row_w[kMaxMoeRanks] = {};
+  ulonglong2* row_of[kMaxMoeRanks] = {};  // kPresum: every rank's row map (set_row_of); else null
 
   // MoeFfn::run_layer0's preact_out: the pre-activation rows [max_rows, 2F] (SwiGLU's tile column
   // order; F columns without SwiGLU), for a backward pass that reads them instead of recomputing.
@@ -880,6 +899,8 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
         const int64_t dest = block_begin[xg] + my_r;
         row_src[my_owner][dest] = make_int2(geo.rank, entry);
         row_w[my_owner][dest] = topk_w[entry];
+        if (row_of[my_owner] != nullptr)
+          set_row_of(row_of[my_owner], geo.rank * geo.max_tokens * geo.topk + entry, e, dest);
         my_from = x + int64_t(entry / geo.topk) * geo.hidden;
         if (!diag_no_local || my_owner != geo.rank) my_to = recv[my_owner] + dest * geo.hidden;
       }
@@ -969,6 +990,8 @@ struct L0Epilogue : gemm::sm90::ActivationEpilogue<kAct, false> {
         if (lane == 0) {
           row_src[owner][dest0 + r] = make_int2(geo.rank, entry);
           row_w[owner][dest0 + r] = topk_w[entry];
+          if (row_of[owner] != nullptr)
+            set_row_of(row_of[owner], geo.rank * geo.max_tokens * geo.topk + entry, e, dest0 + r);
         }
       }
       asm volatile("bar.sync 2, %0;" ::"r"(num_threads));  // every send thread's stores before the flag
@@ -1099,16 +1122,6 @@ __global__ void check_ids_kernel(const int32_t* topk_ids, int64_t entries, int e
 
 // ---- layer 1, pre-summed combine (MoeCombine::kPresum) ----------------------------------------
 
-// row_of[src][entry] = the local row holding (src, entry) (the rest stay -1: memset first).
-__global__ void row_of_kernel(const int2* row_src, const int64_t* row_prefix, int groups, int64_t entries_per_src,
-                              int32_t* row_of) {
-  const int64_t rows = row_prefix[groups];
-  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
-    const int2 v = row_src[r];
-    row_of[v.x * entries_per_src + v.y] = int32_t(r);
-  }
-}
-
 // A warp per (source, token): the sum of this rank's weighted rows of the token's slots, in slot
 // order (fp32), sent as one bf16 row to slot `rank` of the source's partial buffer [W][T_max][H].
 // Tokens with no row here send nothing (the owner knows from its routing which ranks to read).
@@ -1160,8 +1173,9 @@ __device__ __forceinline__ void presum_item_of(const Geometry& g, int64_t item, 
 // `out` non-null (W = 1 only): the one rank's sum is the token's output, written there for the
 // num_tokens tokens (zeros for a token with no row: every slot dropped), and no combine follows;
 // otherwise every (source, token) item of max_tokens per source goes to its source's partial buffer.
-__global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row_of, const E* y, E* const* partial,
-                              E* out, int64_t num_tokens) {
+__global__ void presum_kernel(Geometry g, comm::DeviceSignals sig, int64_t max_tokens, const ulonglong2* row_of,
+                              const E* y, E* const* partial, E* out, int64_t num_tokens) {
+  const epoch_t e = comm::current_epoch(sig);
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const int vecs = int(g.hidden / 8);
@@ -1170,7 +1184,7 @@ __global__ void presum_kernel(Geometry g, int64_t max_tokens, const int32_t* row
     int src;
     int64_t token;
     presum_item_of(g, item, src, token);
-    const int32_t mine = lane < g.topk ? row_of[(src * max_tokens + token) * g.topk + lane] : -1;
+    const int32_t mine = lane < g.topk ? row_of_entry(row_of, (src * max_tokens + token) * g.topk + lane, e) : -1;
     int4* dst = out != nullptr ? reinterpret_cast<int4*>(out + token * g.hidden)
                                : reinterpret_cast<int4*>(partial[src] + (int64_t(g.rank) * max_tokens + token) * g.hidden);
     if (__ballot_sync(0xffffffffu, mine >= 0) == 0) {  // warp-uniform
@@ -1239,7 +1253,7 @@ struct L1SliceSchedule : gemm::sm90::GroupedSchedule {
   Geometry geo;
   comm::DeviceSignals sig{};
   int64_t max_tokens = 0;
-  const int32_t* row_of = nullptr;
+  const ulonglong2* row_of = nullptr;
   const E* y = nullptr;
   E* const* partial = nullptr;
   bool diag_no_presum = false;  // CCFUSE_MOE_DIAG=l1gemm: timing only (wrong results)
@@ -1264,6 +1278,7 @@ struct L1SliceSchedule : gemm::sm90::GroupedSchedule {
     const int slices = (n_tiles + slice - 1) / slice;
     const int64_t first_warp = int64_t(cta) * warps + tid / 32, stride = int64_t(num_side_ctas) * warps;
     const int64_t items = int64_t(geo.world) * max_tokens;
+    const epoch_t e_call = comm::current_epoch(sig);
     bool ok = true;
     for (int sl = 0; sl < slices && ok && !diag_no_presum; ++sl) {
       const int width = min(slice, n_tiles - sl * slice);
@@ -1276,7 +1291,8 @@ struct L1SliceSchedule : gemm::sm90::GroupedSchedule {
         int src;
         int64_t token;
         presum_item_of(geo, item, src, token);
-        const int32_t mine = lane < geo.topk ? row_of[(src * max_tokens + token) * geo.topk + lane] : -1;
+        const int32_t mine =
+            lane < geo.topk ? row_of_entry(row_of, (src * max_tokens + token) * geo.topk + lane, e_call) : -1;
         if (__ballot_sync(0xffffffffu, mine >= 0) == 0) continue;  // warp-uniform
         presum_item(geo, mine, y,
                     reinterpret_cast<int4*>(partial[src] + (int64_t(geo.rank) * max_tokens + token) * geo.hidden), v0, v1);
@@ -1333,7 +1349,7 @@ struct MoeFfn::State {
   int64_t* gpositions = nullptr;
   int32_t** gids_peers = nullptr;
   float** gw_peers = nullptr;
-  int32_t* row_of = nullptr;                       // kPresum: [W][max_tokens * k]
+  std::unique_ptr<comm::SymmetricBuffer> row_of;   // kPresum: [W][max_tokens * k] ulonglong2 (set_row_of)
   int* slice_done = nullptr;                       // kPresum beside the GEMM: [H / 256 + 1] counters
   int presum_ctas = 0;                             // resolved MoeFfnConfig::presum_ctas
   bool l1_pp = false;                              // resolved MoeFfnConfig::l1_pingpong
@@ -1357,7 +1373,6 @@ struct MoeFfn::State {
   State(comm::Team& t, const MoeFfnDesc& d, const MoeFfnConfig& c) : team(t), desc(d), cfg(c) {}
   ~State() {
     cudaFree(scratch);
-    cudaFree(row_of);
     cudaFree(slice_done);
     cudaFree(const_cast<E**>(partial_peers));
     cudaFree(gpositions);
@@ -1450,7 +1465,7 @@ MoeFfn::MoeFfn(comm::Team& team, const MoeFfnDesc& d, MoeFfnConfig cfg) : s_(new
   s.row_w = team.alloc_symmetric(size_t(s.max_rows) * 4);
   if (cfg.combine == MoeCombine::kPresum) {
     s.partial = team.alloc_symmetric(size_t(w) * size_t(d.max_tokens * d.hidden) * 2);
-    CCFUSE_CUDA_CHECK(cudaMalloc(&s.row_of, size_t(w) * size_t(entries) * 4));
+    s.row_of = team.alloc_symmetric(size_t(w) * size_t(entries) * sizeof(ulonglong2));  // zeroed: no epoch 0
     CCFUSE_ARG_CHECK(cfg.presum_ctas >= -1 && cfg.presum_ctas <= 64, "presum_ctas ", cfg.presum_ctas,
                      " must be -1 (the tuner's), 0 (after the GEMM) or 1..64");
     if (cfg.presum_ctas < 0) {
@@ -1796,9 +1811,10 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
     for (int src = 0; src < s.geo.world; ++src)
       dispatch_positions_gpu(counts_local, s.geo.world, d.num_experts, src, gids + src * entries_max, d.max_tokens,
                              d.topk, s.gpositions + src * entries_max, s.dispatch_ws, stream);
-    ag_rows_kernel<<<2 * dev_sms, 256, 0, stream>>>(s.geo, gids, static_cast<const float*>(s.gw->local()), s.gpositions,
-                                                    static_cast<int2*>(s.row_src->local()),
-                                                    static_cast<float*>(s.row_w->local()));
+    ag_rows_kernel<<<2 * dev_sms, 256, 0, stream>>>(
+        s.geo, s.sig->device(), gids, static_cast<const float*>(s.gw->local()), s.gpositions,
+        static_cast<int2*>(s.row_src->local()), static_cast<float*>(s.row_w->local()),
+        s.row_of ? static_cast<ulonglong2*>(s.row_of->local()) : nullptr);
     CCFUSE_CUDA_CHECK_LAUNCH();
   }
   L0Schedule sched;
@@ -1844,6 +1860,7 @@ void MoeFfn::run_layer0(const void* x, int64_t num_tokens, const int32_t* topk_i
       epi.recv[r] = static_cast<E*>(s.recv->peer(r));
       epi.row_src[r] = static_cast<int2*>(s.row_src->peer(r));
       epi.row_w[r] = static_cast<float*>(s.row_w->peer(r));
+      if (s.row_of) epi.row_of[r] = static_cast<ulonglong2*>(s.row_of->peer(r));
     }
     if (allgather) {
       epi.allgather = true;
@@ -1923,12 +1940,8 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
   State& s = *s_;
   const MoeFfnDesc& d = s.desc;
   const gemm::sm90::GroupedSchedule sched = s.grouped_schedule(int(d.hidden / kBlockN), s.plan.tile_prefix1);
-  const int64_t entries = d.max_tokens * d.topk;
   const int dev_sms = gemm::current_device_sms();
-  CCFUSE_CUDA_CHECK(cudaMemsetAsync(s.row_of, 0xff, size_t(s.geo.world) * size_t(entries) * 4, stream));
-  row_of_kernel<<<4 * dev_sms, 256, 0, stream>>>(static_cast<const int2*>(s.row_src->local()), s.plan.row_prefix,
-                                                 s.geo.epr, entries, s.row_of);
-  CCFUSE_CUDA_CHECK_LAUNCH();
+  // The row map (row_of) came with layer 0's rows (set_row_of): nothing to prepare here.
   const int sms_all = s.cfg.num_sms > 0 ? s.cfg.num_sms : dev_sms;
   const char* diag = std::getenv("CCFUSE_MOE_DIAG");
   const bool diag_gemm_only = diag != nullptr && std::strstr(diag, "l1gemm") != nullptr;
@@ -1946,7 +1959,7 @@ void MoeFfn::run_layer1_presum(int64_t num_tokens, const int32_t* topk_ids, cons
     ssched.geo = s.geo;
     ssched.sig = s.sig->device();
     ssched.max_tokens = d.max_tokens;
-    ssched.row_of = s.row_of;
+    ssched.row_of = static_cast<const ulonglong2*>(s.row_of->local());
     ssched.y = static_cast<const E*>(s.y);
     ssched.partial = s.partial_peers;
     ssched.diag_no_presum = diag_gemm_only;
@@ -1996,7 +2009,8 @@ void MoeFfn::run_layer1_presum_after(const void* w2, cudaStream_t stream, bool g
   CCFUSE_CUDA_CHECK_LAUNCH();
   // "l1gemm": stop after the GEMM (the pre-sum and combine kernels' time is the difference).
   if (gemm_only) return;
-  presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, d.max_tokens, s.row_of, static_cast<const E*>(s.y),
+  presum_kernel<<<4 * dev_sms, 256, 0, stream>>>(s.geo, s.sig->device(), d.max_tokens,
+                                                 static_cast<const ulonglong2*>(s.row_of->local()), static_cast<const E*>(s.y),
                                                  s.partial_peers, static_cast<E*>(direct_out), num_tokens);
   CCFUSE_CUDA_CHECK_LAUNCH();
   if (direct_out != nullptr) return;  // W = 1: no peer waits for this rank's partials
