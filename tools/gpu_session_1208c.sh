@@ -12,7 +12,7 @@
 #   part 3: MoeLayer under CUDA graphs at W = 1 (tools/torch_moe_graph_check.py): replays equal
 #           to eager calls (the epoch advances on the device in each replay).
 #   part 4: racecheck, synccheck, memcheck on the one-CTA and chunked preparations' cases and
-#           the pre-sum cases (gpu_session_1208b's plan). Prediction: 0 errors each.
+#           the pre-sum cases (the plan of the 1208b script it replaces). Prediction: 0 errors each.
 #   bash tools/gpu_session_1208c.sh [PART ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
